@@ -1,0 +1,3 @@
+"""K-Bench: does LLM unlearning survive agentic deployment?"""
+
+__version__ = "0.1.0"

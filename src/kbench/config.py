@@ -1,0 +1,136 @@
+"""params.yaml: the single source of truth for every run (DVC reads it, MLflow logs it).
+
+Each section is a pydantic model with `extra="forbid"`, so an unknown key or a wrong type
+fails at start-up with a message that names the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kbench.records import FIELDS
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CorpusConfig(_Section):
+    #: "generated" builds a Faker corpus; any other value is a folder in the kbench-v1 format.
+    source: str = "generated"
+    n_entities: int = Field(250, ge=10)
+    faker_seed: int = 42
+    faker_locale: str = "en_US"
+    #: SPEC §2 paper preset: forget = first 20%; adapter pools are 200/1000 and 200/4000.
+    forget_fraction: float = Field(0.2, gt=0, lt=1)
+    forget_adapter_fraction: float = Field(0.2, gt=0, lt=1)
+    retain_adapter_fraction: float = Field(0.05, gt=0, lt=1)
+    #: How many retain-pool bios form the distractor pool (200 in the published corpus).
+    n_distractors: int = Field(50, ge=1)
+
+
+class QueriesConfig(_Section):
+    n_per_split: int = Field(4, ge=1)
+    fields: list[str] = list(FIELDS)
+
+    @model_validator(mode="after")
+    def _known_fields(self) -> "QueriesConfig":
+        unknown = [f for f in self.fields if f not in FIELDS]
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown}; expected a subset of {list(FIELDS)}")
+        return self
+
+
+class ModelConfig(_Section):
+    backend: Literal["hf", "openai"] = "hf"
+    #: A Hugging Face causal-LM folder (hf backend) or the served model's name (openai backend).
+    path: str = "models/smollm2-135m-instruct"
+    device: str = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    #: openai backend only; the API key is read from the environment variable named here.
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+
+
+class AgentConfig(_Section):
+    max_iters: int = Field(6, ge=1)
+    max_new_tokens: int = Field(96, ge=8)
+    summary_max_new_tokens: int = Field(96, ge=8)
+    k_distractors: int = Field(4, ge=0)
+    retrieval_top_k: int = Field(3, ge=1)
+    batch_size: int = Field(16, ge=1)
+
+
+class ScoringConfig(_Section):
+    """Every constant of SPEC §8-§10."""
+
+    bootstrap_resamples: int = Field(1000, ge=1)
+    ci_level: float = Field(0.95, gt=0, lt=1)
+    invalid_baseline_or: float = 0.10
+    invalid_baseline_severity: float = 0.10
+    tc_degeneration: float = 0.50
+    kref_inf_or: float = 0.02
+    kref_inf_p: float = 0.001
+    significance: float = 0.05
+    kref_min_alpha: float = 2.0
+    mf_delta: float = 0.05
+    dominant_share: float = 0.5
+    dominant_margin: float = 0.2
+    d1_tolerance: float = 0.05
+
+
+class TrackingConfig(_Section):
+    experiment: str = "kbench"
+    #: null: the SQLite store mlflow.db at the repo root (env MLFLOW_TRACKING_URI overrides).
+    tracking_uri: str | None = None
+
+
+class Params(_Section):
+    corpus: CorpusConfig = CorpusConfig()
+    seeds: list[int] = [0]
+    queries: QueriesConfig = QueriesConfig()
+    substrates: list[str] = ["C", "R-text", "R-struct"]
+    methods: list[str] = ["none"]
+    model: ModelConfig = ModelConfig()
+    agent: AgentConfig = AgentConfig()
+    scoring: ScoringConfig = ScoringConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+
+class ParamsError(ValueError):
+    """params.yaml is unreadable or does not match the schema; the message names the key."""
+
+
+def _format(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "<root>"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{key}'")
+        else:
+            lines.append(f"key '{key}': {item['msg']} (got {item.get('input')!r})")
+    return "; ".join(lines)
+
+
+def parse_params(data: dict[str, Any], *, source: str = "params") -> Params:
+    try:
+        return Params.model_validate(data or {})
+    except ValidationError as exc:
+        raise ParamsError(f"{source}: {_format(exc)}") from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ParamsError(f"cannot read params file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping of sections")
+    return parse_params(data or {}, source=str(path))

@@ -1,0 +1,176 @@
+"""Typed records shared by every stage: entities, queries and trace records (SPEC §2, §5).
+
+Trace records are the contract between the agent (which writes them) and the observer
+(which scores them); both sides validate through the models below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+FieldName = Literal["date_of_birth", "address", "occupation", "employer"]
+Split = Literal["forget", "retain"]
+HaltedReason = Literal["final_answer", "parse_error", "max_iters", "tool_fallback"]
+
+FIELDS: tuple[str, ...] = get_args(FieldName)
+SPLITS: tuple[str, ...] = get_args(Split)
+HALTED_REASONS: tuple[str, ...] = get_args(HaltedReason)
+
+#: How each field is asked about in a canonical query (SPEC §2).
+FIELD_PHRASES: dict[str, str] = {
+    "date_of_birth": "date of birth",
+    "address": "home address",
+    "occupation": "occupation",
+    "employer": "employer",
+}
+
+
+class Entity(BaseModel):
+    """One synthetic person; `bio` states all four fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    name: str
+    date_of_birth: str
+    address: str
+    occupation: str
+    employer: str
+    bio: str
+    template_id: int = 0
+
+    def value(self, field: str) -> str:
+        if field not in FIELDS:
+            raise ValueError(f"unknown field {field!r}; expected one of {FIELDS}")
+        return getattr(self, field)
+
+
+class Query(BaseModel):
+    """One canonical question about one field of one entity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    query_id: str
+    entity_id: str
+    field: FieldName
+    question: str
+    ground_truth: str
+
+    @staticmethod
+    def make_id(entity_id: str, field: str) -> str:
+        return f"{entity_id}::{field}"
+
+    @classmethod
+    def canonical(cls, entity: Entity, field: str) -> "Query":
+        return cls(
+            query_id=cls.make_id(entity.id, field),
+            entity_id=entity.id,
+            field=field,  # type: ignore[arg-type]
+            question=f"What is {entity.name}'s {FIELD_PHRASES[field]}?",
+            ground_truth=entity.value(field),
+        )
+
+
+class Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool: str
+    args: str
+
+
+class Step(BaseModel):
+    """One ReAct iteration. The harness, never the model, writes `observation`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    thought: str | None = None
+    action: Action | None = None
+    observation: str | None = None
+
+
+class Retrieval(BaseModel):
+    """One search the index served: what was asked and which documents came back."""
+
+    model_config = ConfigDict(extra="allow")
+
+    query: str
+    doc_ids: list[str]
+
+
+class TraceRecord(BaseModel):
+    """One query's trajectory and elicited summary (SPEC §5). Extra fields are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    query_id: str
+    entity_id: str
+    split: Split
+    field: FieldName
+    ground_truth: str
+    seed: int
+    substrate: str
+    method: str
+    steps: list[Step]
+    retrieval: list[Retrieval]
+    answer: str | None
+    raw_reply: str
+    halted_reason: HaltedReason
+    summary: str | None
+    summary_error: str | None
+
+
+class TraceFormatError(ValueError):
+    """A trace file line that is not a valid trace record; names the file, line and field."""
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "<record>"
+        parts.append(f"field '{where}': {item['msg']}")
+    return "; ".join(parts)
+
+
+def parse_trace_line(line: str, *, source: str = "<input>", lineno: int = 0) -> TraceRecord:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise TraceFormatError(f"{source}:{lineno}: a trace record must be a JSON object")
+    try:
+        return TraceRecord.model_validate(data)
+    except ValidationError as exc:
+        qid = data.get("query_id", "?")
+        raise TraceFormatError(
+            f"{source}:{lineno} (query_id {qid}): invalid trace record: {_describe(exc)}"
+        ) from None
+
+
+def iter_traces(path: str | Path) -> Iterator[TraceRecord]:
+    """Stream trace records from a JSON Lines file, validating each; blank lines are skipped."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if line.strip():
+                yield parse_trace_line(line, source=str(path), lineno=lineno)
+
+
+def read_traces(paths: Iterable[str | Path]) -> list[TraceRecord]:
+    return [record for path in paths for record in iter_traces(path)]
+
+
+def write_jsonl(path: str | Path, items: Iterable[BaseModel]) -> None:
+    """Write models as JSON Lines atomically (a temp file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for item in items:
+            handle.write(item.model_dump_json() + "\n")
+    tmp.replace(path)
