@@ -1,0 +1,177 @@
+"""Inferential statistics of K-Bench (SPEC §9): paired McNemar, Benjamini–Hochberg,
+TV distance between leak-share vectors, the pre-registered τ, and η² of K-Score factors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Hashable, TypeVar
+
+import numpy as np
+import pandas as pd
+import statsmodels.formula.api as smf
+from scipy.stats import binomtest
+from statsmodels.stats.anova import anova_lm
+from statsmodels.stats.multitest import multipletests
+
+from kbench.metrics import ScoredQueries
+from kbench.records import SPLITS
+
+Key = TypeVar("Key", bound=Hashable)
+Shares = Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """Seed-pooled paired McNemar test of a method cell against its baseline cell.
+
+    `baseline_only`: pairs where the baseline leaked and the method did not (b);
+    `method_only`: the reverse (c). Unpaired queries are counted but take no part.
+    """
+
+    pairs: int
+    baseline_only: int
+    method_only: int
+    p: float
+    unpaired_baseline: int
+    unpaired_method: int
+
+
+def _indexed(scored: ScoredQueries, role: str) -> dict[tuple[int, str], bool]:
+    """Leak indicator by pairing key; a key seen twice would make the pairing ambiguous."""
+    keys = scored.keys()
+    index = dict(zip(keys, scored.leaked().tolist()))
+    if len(index) != len(keys):
+        (seed, query_id), _ = Counter(keys).most_common(1)[0]
+        raise ValueError(
+            f"the {role} cell has more than one record for seed {seed}, query_id {query_id}; "
+            "each (seed, query_id) may occur once per cell"
+        )
+    return index
+
+
+def paired_mcnemar(baseline: ScoredQueries, method: ScoredQueries) -> McNemarResult:
+    """Exact two-sided McNemar on the OR(all) leak indicator (SPEC §9).
+
+    Each method query is paired with the baseline query of the same (seed, query_id);
+    discordant pairs are pooled over seeds and tested with an exact binomial test at 1/2
+    (p = 1 when there are none). A query present in one cell only has no partner and is
+    left out of the test; the counts of such queries are reported. Restricting both cells
+    to an attacker budget first (`ScoredQueries.restrict`) gives the test at that budget.
+    """
+    base = _indexed(baseline, "baseline")
+    meth = _indexed(method, "method")
+    shared = base.keys() & meth.keys()
+    baseline_only = sum(1 for k in shared if base[k] and not meth[k])
+    method_only = sum(1 for k in shared if meth[k] and not base[k])
+    discordant = baseline_only + method_only
+    p = 1.0 if discordant == 0 else float(binomtest(baseline_only, discordant, 0.5).pvalue)
+    return McNemarResult(
+        pairs=len(shared),
+        baseline_only=baseline_only,
+        method_only=method_only,
+        p=p,
+        unpaired_baseline=len(base) - len(shared),
+        unpaired_method=len(meth) - len(shared),
+    )
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    """BH-adjusted p-values of one family, in input order (statsmodels `fdr_bh`)."""
+    if len(pvalues) == 0:
+        return []
+    return multipletests(np.asarray(pvalues, dtype=float), method="fdr_bh")[1].tolist()
+
+
+def adjust_by_split(pvalues: Mapping[tuple[str, str, str], float]) -> dict[tuple[str, str, str], float]:
+    """BH within the forget family and within the retain family, separately (SPEC §9).
+
+    Keys are (substrate, method, split) as in SPEC §9; each split's tests form one family.
+    """
+    unknown = {key[2] for key in pvalues} - set(SPLITS)
+    if unknown:
+        raise ValueError(f"unknown split(s) {sorted(unknown)} in test keys; expected {SPLITS}")
+    adjusted: dict[tuple[str, str, str], float] = {}
+    for split in SPLITS:
+        family = [key for key in pvalues if key[2] == split]
+        adjusted.update(zip(family, benjamini_hochberg([pvalues[k] for k in family])))
+    return adjusted
+
+
+def tv_distance(first: Shares, second: Shares) -> float:
+    """½ Σ_c |s1_c − s2_c|; a channel missing or null in a vector carries share 0."""
+    channels = set(first) | set(second)
+    return 0.5 * sum(abs((first.get(c) or 0.0) - (second.get(c) or 0.0)) for c in channels)
+
+
+def tau_threshold(baseline_shares_by_seed: Mapping[str, Sequence[Shares]], factor: float) -> float | None:
+    """τ = factor × max over substrates of the mean TV between different seeds' baseline shares.
+
+    `baseline_shares_by_seed[substrate]` lists the baseline's share vector of each seed; a
+    substrate with fewer than two seeds has no between-seed TV. None when no substrate has one.
+    """
+    means = [
+        float(np.mean([tv_distance(a, b) for a, b in itertools.combinations(vectors, 2)]))
+        for vectors in baseline_shares_by_seed.values()
+        if len(vectors) >= 2
+    ]
+    return factor * max(means) if means else None
+
+
+@dataclass(frozen=True)
+class SubstrateSeparation:
+    """One substrate pair's baseline TV against τ (the SPEC §9 leak-pattern hypothesis)."""
+
+    first: str
+    second: str
+    tv: float
+    exempt: bool
+    separated: bool
+
+
+def substrate_separation(
+    baseline_shares: Mapping[str, Shares], tau: float, exempt_pairs: Sequence[Sequence[str]]
+) -> list[SubstrateSeparation]:
+    """For every substrate pair, whether the baselines' share vectors differ by more than τ.
+
+    The hypothesis holds when every non-exempt pair is separated.
+    """
+    exempt = {frozenset(pair) for pair in exempt_pairs}
+    result = []
+    for first, second in itertools.combinations(sorted(baseline_shares), 2):
+        tv = tv_distance(baseline_shares[first], baseline_shares[second])
+        result.append(
+            SubstrateSeparation(first, second, tv, frozenset((first, second)) in exempt, tv > tau)
+        )
+    return result
+
+
+def eta_squared(frame: pd.DataFrame, response: str, factors: Sequence[str]) -> dict[str, float]:
+    """η² = SS_factor / SS_total per design factor from a linear-model ANOVA (SPEC §9).
+
+    SS_factor is the type-II sum of squares of a main-effects OLS fit, so it does not depend
+    on the order of the factors; SS_total is computed directly as Σ (y − ȳ)², which stays the
+    right denominator when the design is unbalanced and the SS no longer add up. Rows with a
+    missing response (TC, invalid baseline) are dropped; a factor with one level in the
+    remaining rows explains nothing and gets η² = 0.
+    """
+    missing = [name for name in [response, *factors] if name not in frame.columns]
+    if missing:
+        raise ValueError(f"columns {missing} not in the frame")
+    data = frame.dropna(subset=[response])
+    total = float(((data[response] - data[response].mean()) ** 2).sum())
+    varying = [f for f in factors if data[f].nunique() > 1]
+    result = {f: 0.0 for f in factors}
+    if not varying or total == 0.0:
+        return result
+    columns = {f: f"f{i}" for i, f in enumerate(varying)}  # names patsy formulas accept
+    design = pd.DataFrame({name: data[f].to_numpy() for f, name in columns.items()})
+    design["response"] = data[response].to_numpy(dtype=float)
+    formula = "response ~ " + " + ".join(f"C({name})" for name in columns.values())
+    table = anova_lm(smf.ols(formula, data=design).fit(), typ=2)
+    for factor, name in columns.items():
+        result[factor] = float(table.loc[f"C({name})", "sum_sq"]) / total
+    return result
