@@ -81,6 +81,10 @@ class ScoringConfig(_Section):
     dominant_share: float = 0.5
     dominant_margin: float = 0.2
     d1_tolerance: float = 0.05
+    #: τ = tau_factor × the largest mean between-seed TV of a substrate's baseline (SPEC §9).
+    tau_factor: float = Field(2.0, gt=0)
+    #: Substrate pairs pre-exempted from the leak-pattern separation hypothesis (SPEC §9).
+    tv_exempt_pairs: tuple[tuple[str, str], ...] = (("R-text", "R-struct"),)
 
 
 class TrackingConfig(_Section):
