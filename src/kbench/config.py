@@ -29,8 +29,6 @@ class CorpusConfig(_Section):
     forget_fraction: float = Field(0.2, gt=0, lt=1)
     forget_adapter_fraction: float = Field(0.2, gt=0, lt=1)
     retain_adapter_fraction: float = Field(0.05, gt=0, lt=1)
-    #: How many retain-pool bios form the distractor pool (200 in the published corpus).
-    n_distractors: int = Field(50, ge=1)
 
 
 class QueriesConfig(_Section):
@@ -54,6 +52,9 @@ class ModelConfig(_Section):
     #: openai backend only; the API key is read from the environment variable named here.
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
+    #: openai backend only: requests in flight at once for one batch, and each one's timeout.
+    max_concurrent_requests: int = Field(8, ge=1)
+    request_timeout_s: float = Field(120.0, gt=0)
 
 
 class AgentConfig(_Section):
@@ -63,6 +64,27 @@ class AgentConfig(_Section):
     k_distractors: int = Field(4, ge=0)
     retrieval_top_k: int = Field(3, ge=1)
     batch_size: int = Field(16, ge=1)
+    #: This many tool errors in a row (unknown tool, unusable arguments) end the trajectory
+    #: with halted_reason "tool_fallback".
+    max_consecutive_tool_errors: int = Field(2, ge=1)
+
+
+class AgentBaseConfig(_Section):
+    """The agent-base stage: LoRA-tune the base model into a ReAct agent (off for models that follow ReAct)."""
+
+    enabled: bool = True
+    out_dir: str = "models/agent-base"
+    #: Out-of-corpus people come from another Faker seed; a name shared with the corpus is redrawn.
+    faker_seed: int = 7919
+    n_train_people: int = Field(48, ge=4)
+    n_heldout_people: int = Field(10, ge=1)
+    steps: int = Field(40, ge=1)
+    batch_size: int = Field(8, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    max_length: int = Field(1024, ge=64)
 
 
 class ScoringConfig(_Section):
