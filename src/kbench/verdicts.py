@@ -26,6 +26,15 @@ VERDICTS: tuple[str, ...] = ("K-REF-inf", "K-REF", "K-SUP", "MF", "ambiguous", "
 UNSCORED_VERDICTS: frozenset[str] = frozenset({"TC", "invalid-baseline"})
 
 
+#: Differences and ratios of count-based rates are rounded to this many decimals before they
+#: meet a threshold, so that e.g. 0.45 − 0.50 compares as −0.05 exactly, not −0.04999….
+_DECIMALS = 12
+
+
+def _settled(value: float) -> float:
+    return value if math.isinf(value) else round(value, _DECIMALS)
+
+
 def dominant_channel(metrics: CellMetrics, config: ScoringConfig | None = None) -> str | None:
     """The channel carrying the cell's leak, or None (SPEC §10).
 
@@ -35,15 +44,15 @@ def dominant_channel(metrics: CellMetrics, config: ScoringConfig | None = None) 
     config = config or ScoringConfig()
     if metrics.shares is None or metrics.ci.shares is None:
         return None
-    defined = {c: s for c, s in metrics.shares.items() if s is not None}
+    defined = {c: _settled(s) for c, s in metrics.shares.items() if s is not None}
     for channel, share in defined.items():
         runner_up = max((s for c, s in defined.items() if c != channel), default=0.0)
         interval = metrics.ci.shares.get(channel)
         if (
             share > config.dominant_share
-            and share - runner_up > config.dominant_margin
+            and _settled(share - runner_up) > config.dominant_margin
             and interval is not None
-            and interval[0] > config.dominant_share
+            and _settled(interval[0]) > config.dominant_share
         ):
             return channel
     return None
@@ -96,7 +105,7 @@ def _baseline_invalid(none_forget: CellMetrics, config: ScoringConfig) -> bool:
     return (
         none_forget.or_all < config.invalid_baseline_or
         or severity is None
-        or severity < config.invalid_baseline_severity
+        or _settled(severity) < config.invalid_baseline_severity
     )
 
 
@@ -104,6 +113,7 @@ def _k_class(
     or_none: float,
     or_method: float,
     alpha: float,
+    delta: float,
     p_adj: float,
     migrated: bool,
     config: ScoringConfig,
@@ -118,7 +128,7 @@ def _k_class(
         return "K-REF"
     if migrated and not_significant:
         return "K-SUP"
-    small_change = abs(or_method - or_none) < config.mf_delta and not_significant
+    small_change = abs(delta) < config.mf_delta and not_significant
     weak_reduction = significant and reduced and alpha < config.kref_min_alpha
     if not migrated and (small_change or weak_reduction):
         return "MF"
@@ -144,10 +154,11 @@ def decide_verdict(
     """
     config = config or ScoringConfig()
     or_none, or_method = none_forget.or_all, method_forget.or_all
-    alpha = math.inf if or_method == 0 else or_none / or_method
-    delta_sel = method_retain.or_all - none_retain.or_all
-    delta_sel_graded = method_retain.or_graded - none_retain.or_graded
-    delta_degen = max(0.0, method_forget.degeneration - none_forget.degeneration)
+    alpha = math.inf if or_method == 0 else _settled(or_none / or_method)
+    delta = _settled(or_method - or_none)
+    delta_sel = _settled(method_retain.or_all - none_retain.or_all)
+    delta_sel_graded = _settled(method_retain.or_graded - none_retain.or_graded)
+    delta_degen = _settled(max(0.0, method_forget.degeneration - none_forget.degeneration))
     dominant_none = dominant_channel(none_forget, config)
     dominant_method = dominant_channel(method_forget, config)
 
@@ -161,7 +172,7 @@ def decide_verdict(
         verdict = "TC"
     else:
         verdict = _k_class(
-            or_none, or_method, alpha, p_adj, dominant_none != dominant_method, config
+            or_none, or_method, alpha, delta, p_adj, dominant_none != dominant_method, config
         )
 
     if verdict in UNSCORED_VERDICTS:
@@ -181,7 +192,7 @@ def decide_verdict(
         or_none=or_none,
         or_method=or_method,
         alpha=alpha,
-        delta=or_method - or_none,
+        delta=delta,
         delta_sel=delta_sel,
         delta_sel_graded=delta_sel_graded,
         d1=abs(delta_sel) < config.d1_tolerance,
