@@ -157,7 +157,8 @@ def _unique_people(fake: Faker, n: int, taken: set[str] = frozenset()) -> list[d
     people: list[dict[str, str]] = []
     seen = set(taken)
     while len(people) < n:
-        name = fake.name()
+        # First + last only: titles and suffixes ("Dr.", "DDS") make names ambiguous to match.
+        name = f"{fake.first_name()} {fake.last_name()}"
         if name in seen:
             continue
         seen.add(name)
@@ -165,7 +166,9 @@ def _unique_people(fake: Faker, n: int, taken: set[str] = frozenset()) -> list[d
             {
                 "name": name,
                 "date_of_birth": fake.date_of_birth(minimum_age=21, maximum_age=80).isoformat(),
-                "address": fake.address().replace("\n", ", "),
+                # Civil addresses only (Faker's address() also yields military APO/FPO forms).
+                "address": f"{fake.street_address()}, {fake.city()}, "
+                f"{fake.state_abbr(include_territories=False)} {fake.postcode()}",
                 "occupation": fake.job(),
                 "employer": fake.company(),
             }

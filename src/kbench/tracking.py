@@ -1,0 +1,185 @@
+"""The one place that talks to MLflow.
+
+Store: the SQLite database `mlflow.db` at the repo root with artifacts under `mlruns/`
+(MLflow 3.17 refuses a plain `./mlruns` file store). `MLFLOW_TRACKING_URI`, or
+`tracking.tracking_uri` in params.yaml, points runs at a remote server instead.
+
+Every run is tagged with its kind (corpus, cell, compare, ...), its key (for a cell:
+substrate, method, seed, base model) and the git commit, and carries the content hash of
+the stage output it describes. DVC's run cache can skip a stage and a fresh clone has no
+`mlflow.db`, so `sync_outputs` re-logs any stage output whose hash has no run yet: a clone
+plus `dvc pull` plus `dvc repro` rebuilds the same MLflow contents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kbench.config import Params
+
+log = logging.getLogger(__name__)
+
+TAG_KIND = "kbench.kind"
+TAG_KEY = "kbench.key"
+TAG_OUTPUT_HASH = "kbench.output_hash"
+TAG_COMMIT = "kbench.git_commit"
+#: A stage output folder that MLflow can rebuild from holds this manifest.
+RUN_MANIFEST = "run.json"
+
+
+def repo_root() -> Path:
+    """The project root: $KBENCH_ROOT, else the working directory (DVC runs stages there)."""
+    return Path(os.environ.get("KBENCH_ROOT", os.getcwd())).resolve()
+
+
+def tracking_uri(params: Params | None = None) -> str:
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if params is not None and params.tracking.tracking_uri:
+        return params.tracking.tracking_uri
+    return f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def _quiet_mlflow() -> None:
+    # Alembic prints every schema migration at INFO when a fresh SQLite store is created.
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def open_experiment(params: Params) -> str:
+    """Point MLflow at the store and return the experiment id (created on first use)."""
+    import mlflow
+
+    _quiet_mlflow()
+    uri = tracking_uri(params)
+    mlflow.set_tracking_uri(uri)
+    name = params.tracking.experiment
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    elif uri.startswith("sqlite:"):
+        artifacts = repo_root() / "mlruns"
+        artifacts.mkdir(exist_ok=True)
+        experiment_id = mlflow.create_experiment(name, artifact_location=artifacts.as_uri())
+    else:
+        experiment_id = mlflow.create_experiment(name)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested params as dotted keys with string values (MLflow params are flat strings)."""
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return flat
+
+
+def hash_files(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:20]
+
+
+def output_hash(folder: Path) -> str:
+    return hash_files([p for p in folder.rglob("*") if p.is_file()])
+
+
+def find_run_id(experiment_id: str, kind: str, key: str, digest: str | None = None) -> str | None:
+    """The newest run of this kind and key (and output hash, when given), or None."""
+    import mlflow
+
+    query = f"tags.`{TAG_KIND}` = '{kind}' and tags.`{TAG_KEY}` = '{key}'"
+    if digest is not None:
+        query += f" and tags.`{TAG_OUTPUT_HASH}` = '{digest}'"
+    runs = mlflow.search_runs(
+        experiment_ids=[experiment_id], filter_string=query,
+        order_by=["attributes.start_time DESC"], max_results=1, output_format="list",
+    )
+    return runs[0].info.run_id if runs else None
+
+
+@contextmanager
+def start_run(
+    params: Params, kind: str, key: str, *, tags: Mapping[str, str] | None = None,
+    run_name: str | None = None, nested: bool = False,
+) -> Iterator[Any]:
+    """An MLflow run tagged with kind, key and commit, with params.yaml logged (flattened)."""
+    import mlflow
+
+    open_experiment(params)
+    all_tags = {TAG_KIND: kind, TAG_KEY: key, TAG_COMMIT: git_commit(), **(tags or {})}
+    with mlflow.start_run(run_name=run_name or f"{kind}:{key}", tags=all_tags, nested=nested) as run:
+        if not nested:
+            flat = flatten(params.model_dump())
+            items = list(flat.items())
+            for start in range(0, len(items), 100):
+                mlflow.log_params(dict(items[start : start + 100]))
+        yield run
+
+
+def write_manifest(folder: Path, kind: str, key: str, tags: Mapping[str, str], metrics: Mapping[str, float]) -> None:
+    """Describe a finished stage output so `sync_outputs` can log it again in another clone."""
+    manifest = {"kind": kind, "key": key, "tags": dict(tags), "metrics": dict(metrics)}
+    tmp = folder / (RUN_MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    tmp.replace(folder / RUN_MANIFEST)
+
+
+def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -> str:
+    """Log a stage output folder (its manifest, metrics and files) as one run; return its id.
+
+    Idempotent: a run with the same kind, key and output hash is reused, not duplicated.
+    """
+    import mlflow
+
+    manifest = json.loads((folder / RUN_MANIFEST).read_text())
+    digest = output_hash(folder)
+    experiment_id = open_experiment(params)
+    existing = find_run_id(experiment_id, manifest["kind"], manifest["key"], digest)
+    if existing:
+        return existing
+    tags = {**manifest["tags"], TAG_OUTPUT_HASH: digest}
+    with start_run(params, manifest["kind"], manifest["key"], tags=tags) as run:
+        numeric = {k: float(v) for k, v in manifest["metrics"].items() if v is not None}
+        if numeric:
+            mlflow.log_metrics(numeric)
+        mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
+        return run.info.run_id
+
+
+def sync_outputs(params: Params, roots: list[Path]) -> list[str]:
+    """Log every stage output under `roots` that has no run with its content hash yet."""
+    run_ids = []
+    for root in roots:
+        if not root.exists():
+            continue
+        for manifest in sorted(root.rglob(RUN_MANIFEST)):
+            run_ids.append(log_output(params, manifest.parent))
+    return run_ids
