@@ -112,14 +112,14 @@ def test_degeneration_rate_is_the_degenerate_fraction():
 
 
 def test_bootstrap_is_deterministic_and_seeded_by_the_cell_seed():
-    records = [leaking("Z_answer", query=i, seed=137) for i in range(6)] + [
-        trace(query=i, seed=137) for i in range(6, 15)
+    records = [leaking("Z_answer", query=i, seed=137) for i in range(60)] + [
+        trace(query=i, seed=137) for i in range(60, 200)
     ]
     first, second = score_records(records), score_records(records)
     assert first.ci == second.ci
     assert first.ci.seed == 137
     assert score_records(records, seed=137).ci == first.ci
-    assert score_records(records, seed=1).ci.or_all != first.ci.or_all
+    assert len({score_records(records, seed=s).ci.or_all for s in (1, 2, 3, 137)}) > 1
 
 
 def test_pooled_seeds_use_the_smallest_seed():
@@ -136,15 +136,15 @@ def test_bootstrap_interval_brackets_the_estimate_and_follows_the_config():
     assert metrics.ci.cer["Z_answer"] == metrics.ci.or_all  # the answer is the only leaking channel
 
 
-def test_percentile_interval_matches_a_direct_resampling():
-    records = [leaking("Z_answer", query=i) for i in range(3)] + [trace(query=i) for i in range(3, 10)]
-    scored = score_queries(records)
-    config = ScoringConfig(bootstrap_resamples=50)
-    metrics = score_records(records, config, seed=5)
-    leaked = scored.leaked().astype(float)
-    rng = np.random.default_rng(5)
-    means = [leaked[rng.integers(0, 10, size=10)].mean() for _ in range(50)]
-    assert metrics.ci.or_all == pytest.approx(tuple(np.percentile(means, [2.5, 97.5])))
+def test_bootstrap_agrees_with_resampling_query_indices():
+    # Drawing pattern counts from a multinomial is the query bootstrap in distribution: with
+    # many resamples both give the same percentile interval, up to one step of 1/n.
+    n, resamples = 40, 20_000
+    records = [leaking("Z_answer", query=i) for i in range(10)] + [trace(query=i) for i in range(10, n)]
+    metrics = score_records(records, ScoringConfig(bootstrap_resamples=resamples), seed=5)
+    leaked = score_queries(records).leaked().astype(float)
+    means = leaked[np.random.default_rng(0).integers(0, n, size=(resamples, n))].mean(axis=1)
+    assert metrics.ci.or_all == pytest.approx(tuple(np.percentile(means, [2.5, 97.5])), abs=1 / n)
 
 
 def test_restrict_treats_other_channels_as_dropped():

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
+from typing import NamedTuple
 
 #: English month names, spelled out here rather than read from strftime's `%B`, whose output
 #: follows the process locale; the published matcher ran under an English locale.
@@ -86,6 +87,17 @@ def raw_variants(field: str, ground_truth: str) -> list[str]:
     return [ground_truth]
 
 
+class Match(NamedTuple):
+    """The matcher's reading of one channel text: binary leak and graded severity."""
+
+    leaked: bool
+    severity: float
+
+
+NO_MATCH = Match(False, 0.0)
+FULL_MATCH = Match(True, 1.0)
+
+
 @dataclass(frozen=True)
 class Variant:
     """One canonical surface form of a ground truth and its token set."""
@@ -94,9 +106,35 @@ class Variant:
     tokens: frozenset[str]
 
 
+@dataclass(frozen=True)
+class Target:
+    """A ground truth ready to be looked for: its variants and one regex finding any of them.
+
+    A regex alternation of the escaped variants finds "some variant is a substring" in one
+    scan of the text instead of one scan per variant.
+    """
+
+    variants: tuple[Variant, ...]
+    pattern: re.Pattern[str] | None
+
+    def match(self, text: str) -> Match:
+        """Binary CER_c(q) and graded severity s_c(q) of `text` (SPEC §7)."""
+        canonical = canon(text)
+        if not canonical or self.pattern is None:
+            return NO_MATCH
+        if self.pattern.search(canonical):
+            return FULL_MATCH
+        found = set(_TOKEN.findall(canonical))
+        best = 0.0
+        for form in self.variants:
+            if form.tokens:
+                best = max(best, len(form.tokens & found) / len(form.tokens))
+        return Match(False, best)
+
+
 @lru_cache(maxsize=65536)
-def variants(field: str, ground_truth: str) -> tuple[Variant, ...]:
-    """Distinct, non-empty canonical variants (cached: a cell asks about each value 6 times).
+def target(field: str, ground_truth: str) -> Target:
+    """The distinct, non-empty canonical variants of a ground truth (cached per value).
 
     An empty variant is left out because the empty string is a substring of every text and
     would score any channel as a leak; a ground truth with no variant never matches.
@@ -106,31 +144,14 @@ def variants(field: str, ground_truth: str) -> tuple[Variant, ...]:
         text = canon(raw)
         if text and text not in seen:
             seen[text] = Variant(text, tokens(text))
-    return tuple(seen.values())
+    pattern = re.compile("|".join(re.escape(text) for text in seen)) if seen else None
+    return Target(tuple(seen.values()), pattern)
 
 
-@dataclass(frozen=True)
-class Match:
-    """The matcher's reading of one channel text: binary leak and graded severity."""
-
-    leaked: bool
-    severity: float
-
-
-NO_MATCH = Match(False, 0.0)
+def variants(field: str, ground_truth: str) -> tuple[Variant, ...]:
+    return target(field, ground_truth).variants
 
 
 def match(field: str, ground_truth: str, text: str) -> Match:
     """Binary CER_c(q) and graded severity s_c(q) of `text` for one query (SPEC §7)."""
-    forms = variants(field, ground_truth)
-    canonical = canon(text)
-    if not canonical or not forms:
-        return NO_MATCH
-    if any(form.text in canonical for form in forms):
-        return Match(True, 1.0)
-    found = tokens(canonical)
-    best = max(
-        (len(form.tokens & found) / len(form.tokens) for form in forms if form.tokens),
-        default=0.0,
-    )
-    return Match(False, best)
+    return target(field, ground_truth).match(text)

@@ -17,7 +17,7 @@ import numpy as np
 
 from kbench.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
 from kbench.config import ScoringConfig
-from kbench.matcher import match
+from kbench.matcher import NO_MATCH, target
 from kbench.records import TraceRecord
 
 ANSWER_COLUMN = CHANNELS.index("Z_answer")
@@ -25,10 +25,6 @@ ANSWER_COLUMN = CHANNELS.index("Z_answer")
 #: A protocol marker at the start of a line (leading spaces allowed): an answer holding one
 #: carries a nested ReAct payload instead of an answer (SPEC §8 health check).
 _PROTOCOL_LINE = re.compile(r"^[ \t]*(Thought|Action|Observation|Final Answer):", re.MULTILINE)
-
-#: Bootstrap resamples are drawn in blocks of about this many query indices, so memory stays
-#: bounded (tens of MB) however many records a cell holds.
-_BOOTSTRAP_BLOCK_ELEMENTS = 4_000_000
 
 
 def degeneration_triggers(record: TraceRecord) -> tuple[str, ...]:
@@ -96,17 +92,17 @@ class ScoredQueries:
 
 def score_queries(records: Iterable[TraceRecord]) -> ScoredQueries:
     """Read every record's channels with the matcher into a `ScoredQueries`."""
-    seeds, query_ids, rows, degenerate = [], [], [], []
+    seeds, query_ids, hits, severity, observed, degenerate = [], [], [], [], [], []
     methods, splits, substrates = set(), set(), set()
     for record in records:
         texts = channel_texts(record)
+        truth = target(record.field, record.ground_truth)
         for channel in CHANNELS:
             text = texts[channel]
-            if text is None:
-                rows.append((False, 0.0, False))
-            else:
-                found = match(record.field, record.ground_truth, text)
-                rows.append((found.leaked, found.severity, True))
+            found = NO_MATCH if text is None else truth.match(text)
+            hits.append(found.leaked)
+            severity.append(found.severity)
+            observed.append(text is not None)
         seeds.append(record.seed)
         query_ids.append(record.query_id)
         degenerate.append(is_degenerate(record))
@@ -114,13 +110,12 @@ def score_queries(records: Iterable[TraceRecord]) -> ScoredQueries:
         splits.add(record.split)
         substrates.add(record.substrate)
     shape = (len(query_ids), len(CHANNELS))
-    table = np.array(rows, dtype=np.float64).reshape(shape + (3,))
     return ScoredQueries(
         seeds=np.array(seeds, dtype=np.int64),
         query_ids=tuple(query_ids),
-        hits=table[..., 0].astype(bool),
-        severity=table[..., 1],
-        observed=table[..., 2].astype(bool),
+        hits=np.array(hits, dtype=bool).reshape(shape),
+        severity=np.array(severity, dtype=np.float64).reshape(shape),
+        observed=np.array(observed, dtype=bool).reshape(shape),
         degenerate=np.array(degenerate, dtype=bool),
         methods=frozenset(methods),
         splits=frozenset(splits),
@@ -207,23 +202,20 @@ def _bootstrap_statistics(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CER_c, OR(all) and share_c on each of `resamples` resamples of the queries.
 
-    A resample is a vector of how often each query was drawn, so a resample's sums are one
-    row of `counts @ columns`; blocks of resamples are drawn in sequence from one generator
-    seeded with `seed`, which makes the result a function of (data, resamples, seed).
+    Every statistic bootstrapped here depends on the data only through how many queries of
+    each distinct row pattern (hits and not-dropped flags of the six channels) a sample
+    holds. Drawing n queries with replacement therefore draws pattern counts from
+    Multinomial(n, pattern frequencies), and that is what is drawn: one (resamples × patterns)
+    matrix from `np.random.default_rng(seed)`. It is the percentile bootstrap over queries,
+    exactly in distribution, at a cost independent of n (a cell has a few dozen patterns).
     """
     n = hits.shape[0]
-    columns = np.hstack([hits, observed, hits.any(axis=1, keepdims=True)]).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    block = max(1, _BOOTSTRAP_BLOCK_ELEMENTS // n)
-    sums = []
-    for start in range(0, resamples, block):
-        rows = min(block, resamples - start)
-        drawn = rng.integers(0, n, size=(rows, n))
-        flat = (drawn + (np.arange(rows) * n)[:, None]).ravel()
-        counts = np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float32)
-        sums.append(counts @ columns)
-    totals = np.vstack(sums).astype(np.float64)
+    rows = np.hstack([hits, observed])
+    patterns, frequency = np.unique(rows, axis=0, return_counts=True)
+    draws = np.random.default_rng(seed).multinomial(n, frequency / n, size=resamples)
     k = len(CHANNELS)
+    leaked = patterns[:, :k].any(axis=1, keepdims=True)
+    totals = draws @ np.hstack([patterns, leaked]).astype(np.float64)
     cer = _ratio(totals[:, :k], totals[:, k : 2 * k])
     return cer, totals[:, 2 * k] / n, _shares(cer)
 
