@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from kbench.cli import main
+from kbench.config import ParamsError, load_params, parse_params
+
+from conftest import REPO
+
+
+def _keys(data, prefix=""):
+    keys = set()
+    for key, value in data.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _keys(value, prefix + key + ".")
+    return keys
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/paper.yaml"])
+def test_shipped_params_are_valid(name):
+    load_params(REPO / name)
+
+
+def test_presets_set_every_key_and_the_same_keys():
+    cpu = yaml.safe_load((REPO / "presets/cpu.yaml").read_text())
+    paper = yaml.safe_load((REPO / "presets/paper.yaml").read_text())
+    assert _keys(cpu) == _keys(paper)
+    # Every schema key is written out: params.yaml is the single source of truth.
+    assert _keys(load_params(REPO / "presets/cpu.yaml").model_dump()) == _keys(cpu)
+
+
+def test_paper_preset_is_paper_scale():
+    paper = load_params(REPO / "presets/paper.yaml")
+    assert paper.corpus.n_entities == 5000
+    assert paper.queries.n_per_split == 200
+    assert paper.seeds == [0, 137, 271]
+    assert "Llama-3.1-8B-Instruct" in paper.model.path
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ParamsError, match="unknown key 'corpus.n_entites'"):
+        parse_params({"corpus": {"n_entites": 10}})
+    with pytest.raises(ParamsError, match="unknown key 'colour'"):
+        parse_params({"colour": "red"})
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ParamsError, match="key 'queries.n_per_split'"):
+        parse_params({"queries": {"n_per_split": "many"}})
+    with pytest.raises(ParamsError, match="key 'seeds.1'"):
+        parse_params({"seeds": [0, "x"]})
+    with pytest.raises(ParamsError, match="unknown field"):
+        parse_params({"queries": {"fields": ["shoe_size"]}})
+
+
+def test_unreadable_params_file(tmp_path):
+    with pytest.raises(ParamsError, match="cannot read params file"):
+        load_params(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("corpus: [unclosed")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(bad)
+
+
+def test_cli_refuses_bad_params_before_any_work(kbench_root, capsys):
+    bad = kbench_root / "params.yaml"
+    bad.write_text("corpus:\n  n_entities: -3\n")
+    assert main(["corpus", "--no-track"]) == 2
+    err = capsys.readouterr().err
+    assert "corpus.n_entities" in err and "Traceback" not in err
+    assert not (kbench_root / "artifacts").exists()
+
+
+def test_preset_command_applies_a_validated_preset(kbench_root, capsys):
+    shutil.copytree(REPO / "presets", kbench_root / "presets")
+    assert main(["preset", "paper"]) == 0
+    assert load_params(kbench_root / "params.yaml").corpus.n_entities == 5000
+    assert main(["preset", "huge"]) == 2
+    assert "unknown preset 'huge'" in capsys.readouterr().err
