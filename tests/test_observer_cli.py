@@ -82,8 +82,16 @@ def test_verdict_by_budget(capsys, cells):
 def test_thresholds_can_come_from_a_params_file(capsys, cells, tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("scoring:\n  invalid_baseline_or: 1.5\n")
-    status, out, _ = run(capsys, "verdict", *verdict_args(cells), "--json", "--params", str(params))
+    status, out, _ = run(capsys, "--params", str(params), "verdict", *verdict_args(cells), "--json")
     assert status == 0 and json.loads(out)["verdict"] == "invalid-baseline"
+    status, _, err = run(capsys, "--params", str(tmp_path / "absent.yaml"), "score", *cells["none-forget"])
+    assert status == 2 and "absent.yaml" in err
+
+
+def test_scoring_works_outside_a_project_folder(capsys, cells, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: the SPEC values apply
+    status, out, _ = run(capsys, "score", *cells["none-forget"], "--json")
+    assert status == 0 and json.loads(out)["ci"]["resamples"] == 1000
 
 
 def test_bad_input_is_one_line_and_status_two(capsys, cells, tmp_path):

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from kbench.channels import CHANNELS
@@ -22,13 +23,23 @@ from kbench.records import SPLITS, TraceFormatError, TraceRecord, read_traces, w
 from kbench.verdicts import CellQuartet, VerdictResult, compare_cells, verdicts_by_budget
 
 EXIT_BAD_INPUT = 2
+#: The params file `kbench` reads unless `--params` names another (as in kbench.cli).
+DEFAULT_PARAMS = "params.yaml"
 
 #: Errors that mean "the input is wrong", reported as one line without a traceback.
 _INPUT_ERRORS = (TraceFormatError, PublishedFormatError, ParamsError, ValueError, OSError)
 
 
 def _scoring_config(args: argparse.Namespace) -> ScoringConfig:
-    return load_params(args.params).scoring if args.params else ScoringConfig()
+    """The `scoring` section of the params file (`kbench --params`, default params.yaml).
+
+    Scoring must work on trace files alone, outside a project folder too: when the default
+    params file is absent the SPEC values are used; a file named explicitly must exist.
+    """
+    path = Path(getattr(args, "params", DEFAULT_PARAMS))
+    if path == Path(DEFAULT_PARAMS) and not path.exists():
+        return ScoringConfig()
+    return load_params(path).scoring
 
 
 def _read(paths: Sequence[str]) -> list[TraceRecord]:
@@ -131,20 +142,11 @@ def _guarded(run: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Na
     return handler
 
 
-def _add_params(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--params",
-        metavar="PARAMS.yaml",
-        help="read the scoring thresholds from this params file (default: SPEC values)",
-    )
-
-
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Register `score`, `verdict` and `import-traces` on the `kbench` parser."""
     score = subparsers.add_parser("score", help="metrics of the trace records given, as one cell")
     score.add_argument("files", nargs="+", metavar="FILE.jsonl")
     score.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_params(score)
     score.set_defaults(handler=_guarded(run_score), command="score")
 
     verdict = subparsers.add_parser("verdict", help="a method's K-class verdict against `none`")
@@ -152,7 +154,6 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         verdict.add_argument(flag, nargs="+", required=True, metavar="FILE.jsonl")
     verdict.add_argument("--json", action="store_true", help="print one JSON object")
     verdict.add_argument("--by-budget", action="store_true", help="also give the verdict at A1..A5")
-    _add_params(verdict)
     verdict.set_defaults(handler=_guarded(run_verdict), command="verdict")
 
     imported = subparsers.add_parser(
@@ -170,6 +171,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry point (`python -m kbench.observer_cli ...`)."""
     parser = argparse.ArgumentParser(prog="kbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=DEFAULT_PARAMS, help="params file (default: %(default)s)")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.handler(args)
