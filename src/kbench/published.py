@@ -24,14 +24,13 @@ The release writes one JSON object per query with the channel texts already spli
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbench.records import TraceRecord, parse_trace_line
+from kbench.records import TraceRecord, iter_json_objects, validate_trace
 
 UNRECORDED_TOOL = "unrecorded"
 
@@ -164,19 +163,9 @@ def import_published(path: str | Path, labels: CellLabels | None = None) -> Iter
     path = Path(path)
     labels = labels or CellLabels()
     from_file = _labels_from_file(path)
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PublishedFormatError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(data, dict):
-                raise PublishedFormatError(f"{where}: a transcript must be a JSON object")
-            for name in ("seed", "split"):
-                if data.get(name) is None:
-                    data[name] = getattr(from_file, name)
-            record = convert_record(data, labels, where)
-            yield parse_trace_line(json.dumps(record), source=str(path), lineno=lineno)
+    for lineno, data in iter_json_objects(path):
+        for name in ("seed", "split"):
+            if data.get(name) is None:
+                data[name] = getattr(from_file, name)
+        record = convert_record(data, labels, f"{path}:{lineno}")
+        yield validate_trace(record, source=str(path), lineno=lineno)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -136,13 +136,27 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_trace_line(line: str, *, source: str = "<input>", lineno: int = 0) -> TraceRecord:
+def _json_object(line: str, source: str, lineno: int) -> dict[str, Any]:
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(data, dict):
         raise TraceFormatError(f"{source}:{lineno}: a trace record must be a JSON object")
+    return data
+
+
+def iter_json_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream (line number, object) from a JSON Lines file; blank lines are skipped."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if line.strip():
+                yield lineno, _json_object(line, str(path), lineno)
+
+
+def validate_trace(data: dict[str, Any], *, source: str = "<input>", lineno: int = 0) -> TraceRecord:
+    """A TraceRecord from parsed JSON; errors name the source line, query_id and field."""
     try:
         return TraceRecord.model_validate(data)
     except ValidationError as exc:
@@ -152,13 +166,14 @@ def parse_trace_line(line: str, *, source: str = "<input>", lineno: int = 0) -> 
         ) from None
 
 
+def parse_trace_line(line: str, *, source: str = "<input>", lineno: int = 0) -> TraceRecord:
+    return validate_trace(_json_object(line, source, lineno), source=source, lineno=lineno)
+
+
 def iter_traces(path: str | Path) -> Iterator[TraceRecord]:
     """Stream trace records from a JSON Lines file, validating each; blank lines are skipped."""
-    path = Path(path)
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if line.strip():
-                yield parse_trace_line(line, source=str(path), lineno=lineno)
+    for lineno, data in iter_json_objects(path):
+        yield validate_trace(data, source=str(path), lineno=lineno)
 
 
 def read_traces(paths: Iterable[str | Path]) -> list[TraceRecord]:

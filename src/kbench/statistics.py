@@ -8,19 +8,19 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Hashable, TypeVar
+
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import statsmodels.formula.api as smf
 from scipy.stats import binomtest
-from statsmodels.stats.anova import anova_lm
 from statsmodels.stats.multitest import multipletests
 
 from kbench.metrics import ScoredQueries
 from kbench.records import SPLITS
 
-Key = TypeVar("Key", bound=Hashable)
+if TYPE_CHECKING:
+    import pandas as pd
+
 Shares = Mapping[str, float | None]
 
 
@@ -158,6 +158,12 @@ def eta_squared(frame: pd.DataFrame, response: str, factors: Sequence[str]) -> d
     missing response (TC, invalid baseline) are dropped; a factor with one level in the
     remaining rows explains nothing and gets η² = 0.
     """
+    # Imported here: the formula/ANOVA stack takes seconds to import and only the η² table
+    # needs it, while every `kbench` command loads this module through the CLI.
+    import pandas as pd
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
     missing = [name for name in [response, *factors] if name not in frame.columns]
     if missing:
         raise ValueError(f"columns {missing} not in the frame")
