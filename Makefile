@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: setup run test clean-venv
+.PHONY: setup system-deps run test clean-venv
 
 setup: $(STAMP) $(MODEL)
 
@@ -32,7 +32,11 @@ run: setup
 	@echo "Leaderboard:     reports/leaderboard.md (and reports/index.html once the compare stage exists)"
 	@echo "Runs and traces: .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  (then open http://127.0.0.1:5000)"
 
-test: setup
+# Debian's Chromium renders the HTML report in a test (as root, like CI).
+system-deps:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+test: setup system-deps
 	$(PY) -m pytest -q
 
 clean-venv:

@@ -1,7 +1,5 @@
-"""DVC stage `corpus`: build or import the corpus into artifacts/corpus."""
+"""DVC stage `corpus`: see `kbench corpus --help`."""
 
-import sys
+from kbench.cli import run_stage
 
-from kbench.cli import main
-
-sys.exit(main(["corpus", *sys.argv[1:]]))
+run_stage("corpus")

@@ -64,5 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run_stage(command: str) -> None:
+    """Entry point of a thin DVC stage script in pipelines/: `kbench <command> <argv...>`."""
+    sys.exit(main([command, *sys.argv[1:]]))
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,9 @@
-"""Pipeline-stage subcommands: setup, corpus, sync, preset."""
+"""Pipeline-stage subcommands: setup, corpus, index, agent-base, cell, sync, preset, params."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 PRESETS_DIR = Path("presets")
 CORPUS_DIR = Path("artifacts/corpus")
+INDEX_DIR = Path("artifacts/index")
 #: Folders whose stage outputs carry a run manifest that `kbench sync` can re-log.
 OUTPUT_ROOTS = (Path("artifacts"), Path("reports"))
 
@@ -47,6 +49,59 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     )
     if not args.no_track:
         tracking.log_output(params, out)
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """The R-text substrate's FAISS index over target and distractor passages."""
+    from kbench.cli import read_params
+    from kbench.corpus import load_corpus
+    from kbench.substrates import build_index, index_entities
+
+    read_params(args)
+    corpus = load_corpus(args.corpus)
+    entities = index_entities(corpus)
+    build_index(entities, Path(args.out))
+    log.info("index: passages of %d entities (eval pools and distractors) in %s", len(entities), args.out)
+    return 0
+
+
+def cmd_agent_base(args: argparse.Namespace) -> int:
+    """LoRA-tune the base model into a ReAct agent and merge it (skipped when disabled)."""
+    from kbench.agent_base import train_agent_base
+    from kbench.cli import read_params
+    from kbench.corpus import load_corpus
+
+    params = read_params(args)
+    out = Path(params.agent_base.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = train_agent_base(params, load_corpus(args.corpus), out)
+    report = out / "agent_base_metrics.json"
+    report.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    tracking.write_manifest(
+        out, "agent_base", Path(params.model.path).name,
+        tags={"kbench.base_model": Path(params.model.path).name}, metrics=metrics,
+        artifacts=[report.name],
+    )
+    if not args.no_track:
+        tracking.log_output(params, out)
+    return 0
+
+
+def cmd_cell(args: argparse.Namespace) -> int:
+    """One cell: run the agent on n forget and n retain queries, score, record."""
+    from kbench.cells import CellSpec, run_cell_stage
+    from kbench.cli import read_params
+
+    params = read_params(args)
+    recipe = args.recipe or ("lora" if args.substrate == "P" else "none")
+    spec = CellSpec(args.substrate, args.method, args.seed, recipe)
+    out = run_cell_stage(
+        params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
+        adapter_path=Path(args.adapter) if args.adapter else None,
+        out_root=Path(args.out_root), track=not args.no_track,
+    )
+    print(f"cell {spec.cell_id}: {out}")
     return 0
 
 
@@ -92,6 +147,28 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=str(CORPUS_DIR), help="output folder (default: %(default)s)")
     p.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
     p.set_defaults(handler=cmd_corpus)
+
+    p = sub.add_parser("index", help="build the R-text FAISS index over the corpus passages")
+    p.add_argument("--corpus", default=str(CORPUS_DIR))
+    p.add_argument("--out", default=str(INDEX_DIR))
+    p.set_defaults(handler=cmd_index)
+
+    p = sub.add_parser("agent-base", help="LoRA-tune the base model into a ReAct agent (agent_base.*)")
+    p.add_argument("--corpus", default=str(CORPUS_DIR))
+    p.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
+    p.set_defaults(handler=cmd_agent_base)
+
+    p = sub.add_parser("cell", help="run one cell (substrate x recipe x method x seed) and score it")
+    p.add_argument("--substrate", required=True, help="P, C, R-text or R-struct")
+    p.add_argument("--method", default="none", help="unlearning method (default: none)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--recipe", default=None, help="none (default off P), lora (default on P), merged, lora-d")
+    p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
+    p.add_argument("--corpus", default=str(CORPUS_DIR))
+    p.add_argument("--index", default=str(INDEX_DIR))
+    p.add_argument("--out-root", default="artifacts/cells")
+    p.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
+    p.set_defaults(handler=cmd_cell)
 
     p = sub.add_parser("sync", help="log stage outputs that have no MLflow run yet")
     p.add_argument("roots", nargs="*", default=[str(r) for r in OUTPUT_ROOTS])

@@ -73,7 +73,8 @@ class AgentBaseConfig(_Section):
     """The agent-base stage: LoRA-tune the base model into a ReAct agent (off for models that follow ReAct)."""
 
     enabled: bool = True
-    out_dir: str = "models/agent-base"
+    #: A stage output, so not under models/ (DVC refuses outputs inside a tracked folder).
+    out_dir: str = "artifacts/agent_base"
     #: Out-of-corpus people come from another Faker seed; a name shared with the corpus is redrawn.
     faker_seed: int = 7919
     n_train_people: int = Field(48, ge=4)
@@ -123,6 +124,7 @@ class Params(_Section):
     methods: list[str] = ["none"]
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
+    agent_base: AgentBaseConfig = AgentBaseConfig()
     scoring: ScoringConfig = ScoringConfig()
     tracking: TrackingConfig = TrackingConfig()
 

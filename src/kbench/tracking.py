@@ -18,12 +18,15 @@ import json
 import logging
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbench.config import Params
+
+if TYPE_CHECKING:
+    from kbench.records import TraceRecord
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,8 @@ TAG_OUTPUT_HASH = "kbench.output_hash"
 TAG_COMMIT = "kbench.git_commit"
 #: A stage output folder that MLflow can rebuild from holds this manifest.
 RUN_MANIFEST = "run.json"
+#: Trace records in a stage output are also logged as MLflow traces (one per trajectory).
+TRAJECTORIES_FILE = "traces.jsonl"
 
 
 def repo_root() -> Path:
@@ -144,9 +149,16 @@ def start_run(
         yield run
 
 
-def write_manifest(folder: Path, kind: str, key: str, tags: Mapping[str, str], metrics: Mapping[str, float]) -> None:
-    """Describe a finished stage output so `sync_outputs` can log it again in another clone."""
-    manifest = {"kind": kind, "key": key, "tags": dict(tags), "metrics": dict(metrics)}
+def write_manifest(
+    folder: Path, kind: str, key: str, tags: Mapping[str, str], metrics: Mapping[str, float],
+    artifacts: list[str] | None = None,
+) -> None:
+    """Describe a finished stage output so `sync_outputs` can log it again in another clone.
+
+    `artifacts` names the files (relative to the folder) to log; None logs them all. A
+    stage whose output is a model folder names only its small reports.
+    """
+    manifest = {"kind": kind, "key": key, "tags": dict(tags), "metrics": dict(metrics), "artifacts": artifacts}
     tmp = folder / (RUN_MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     tmp.replace(folder / RUN_MANIFEST)
@@ -170,7 +182,17 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
         numeric = {k: float(v) for k, v in manifest["metrics"].items() if v is not None}
         if numeric:
             mlflow.log_metrics(numeric)
-        mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
+        names = manifest.get("artifacts")
+        if names is None:
+            mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
+        else:
+            for name in [RUN_MANIFEST, *names]:
+                mlflow.log_artifact(str(folder / name), artifact_path=artifact_path)
+        traces = folder / TRAJECTORIES_FILE
+        if traces.exists() and (names is None or TRAJECTORIES_FILE in names):
+            from kbench.records import iter_traces
+
+            log_trajectories(iter_traces(traces), run.info.run_id)
         return run.info.run_id
 
 
@@ -183,3 +205,38 @@ def sync_outputs(params: Params, roots: list[Path]) -> list[str]:
         for manifest in sorted(root.rglob(RUN_MANIFEST)):
             run_ids.append(log_output(params, manifest.parent))
     return run_ids
+
+
+def log_trajectories(records: Iterable[TraceRecord], run_id: str) -> int:
+    """Log each trajectory as an MLflow trace linked to the run, for the UI's Traces tab.
+
+    Shape: an AGENT span per query with one LLM span per ReAct step (what the model wrote),
+    a TOOL span under it for the action and the observation the harness returned, and an
+    LLM span for the elicited summary.
+    """
+    import mlflow
+    from mlflow.entities import SpanType
+
+    count = 0
+    for record in records:
+        with mlflow.start_span(name=f"agent {record.query_id}", span_type=SpanType.AGENT, run_id=run_id) as root:
+            root.set_inputs({"query_id": record.query_id, "split": record.split, "field": record.field})
+            root.set_attributes({
+                "kbench.substrate": record.substrate, "kbench.method": record.method,
+                "kbench.seed": record.seed, "kbench.halted_reason": record.halted_reason,
+            })
+            for index, step in enumerate(record.steps, start=1):
+                with mlflow.start_span(name=f"step {index}", span_type=SpanType.LLM) as llm:
+                    llm.set_outputs({"thought": step.thought, "action": step.action.model_dump() if step.action else None})
+                    if step.action is not None:
+                        with mlflow.start_span(name=step.action.tool, span_type=SpanType.TOOL) as tool:
+                            tool.set_inputs({"args": step.action.args})
+                            tool.set_outputs({"observation": step.observation})
+            if record.retrieval:
+                with mlflow.start_span(name="retrieval log", span_type=SpanType.RETRIEVER) as retriever:
+                    retriever.set_outputs([r.model_dump() for r in record.retrieval])
+            with mlflow.start_span(name="elicited summary", span_type=SpanType.LLM) as summary:
+                summary.set_outputs({"summary": record.summary, "summary_error": record.summary_error})
+            root.set_outputs({"answer": record.answer, "halted_reason": record.halted_reason})
+        count += 1
+    return count

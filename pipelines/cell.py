@@ -1,0 +1,5 @@
+"""DVC stage `cell`: see `kbench cell --help`."""
+
+from kbench.cli import run_stage
+
+run_stage("cell")

@@ -1,0 +1,68 @@
+"""The cell stage's bookkeeping: identity, stale-input detection, metrics, MLflow traces."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from kbench import tracking
+from kbench.cells import CellSpec, _prepare_output, flat_metrics, score_cell
+from kbench.config import Params
+
+from _traces import leaking, trace, write_jsonl
+
+
+def test_cell_identity_and_recipe_rules():
+    spec = CellSpec("C", "none", 137)
+    assert spec.cell_id == "C__none__none__s137"
+    assert spec.key("smollm2") == "smollm2/C/none/none/137"
+    assert spec.stage_dir == "C__none__s137"
+    assert CellSpec("P", "ga", 0, "merged").cell_id == "P__merged__ga__s0"
+    with pytest.raises(ValueError, match="does not fit substrate P"):
+        CellSpec("P", "none", 0)
+    with pytest.raises(ValueError, match="does not fit substrate C"):
+        CellSpec("C", "none", 0, "lora")
+    with pytest.raises(ValueError, match="unknown injection recipe"):
+        CellSpec("C", "none", 0, "full-finetune")
+
+
+def test_traces_made_from_other_inputs_are_discarded(tmp_path):
+    cell = tmp_path / "cell"
+    _prepare_output(cell, {"digest": "a"})
+    write_jsonl(cell / "traces.jsonl", [trace()])
+    (cell / "metrics.json").write_text("{}")
+    _prepare_output(cell, {"digest": "a"})  # same inputs: resume, stale metrics dropped
+    assert (cell / "traces.jsonl").exists() and not (cell / "metrics.json").exists()
+    _prepare_output(cell, {"digest": "b"})  # changed inputs: start over
+    assert not (cell / "traces.jsonl").exists()
+    assert json.loads((cell / "inputs.json").read_text())["digest"] == "b"
+
+
+def test_score_cell_splits_and_flattens():
+    records = [leaking("Z_answer", query=i, split="forget") for i in range(3)]
+    records += [trace(query=10 + i, split="retain") for i in range(3)]
+    metrics = score_cell(records, Params(), seed=0)
+    assert metrics["forget"]["or_all"] == 1.0 and metrics["retain"]["or_all"] == 0.0
+    flat = flat_metrics(metrics)
+    assert flat["forget.cer.Z_answer"] == 1.0
+    assert flat["forget.budget.A1"] == 1.0
+    assert flat["retain.or_all"] == 0.0
+
+
+def test_trajectories_become_mlflow_traces_linked_to_the_run(kbench_root):
+    params = Params()
+    folder = kbench_root / "artifacts/cells/C__none__none__s0"
+    folder.mkdir(parents=True)
+    records = [leaking("Z_tool_wide", query=i) for i in range(2)]
+    write_jsonl(folder / "traces.jsonl", records)
+    tracking.write_manifest(folder, "cell", "m/C/none/none/0", {"kbench.substrate": "C"}, {"forget.or_all": 1.0})
+    run_id = tracking.log_output(params, folder)
+    traces = mlflow.search_traces(run_id=run_id, return_type="list")
+    assert len(traces) == 2
+    spans = {span.name: span for span in traces[0].data.spans}
+    assert spans["search_wiki"].span_type == "TOOL"
+    assert spans["search_wiki"].outputs == {"observation": "Norma Fisher is a Lawyer."}
+    assert any(span.span_type == "AGENT" for span in spans.values())
+    assert "elicited summary" in spans
