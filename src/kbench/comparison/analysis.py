@@ -1,0 +1,451 @@
+"""The comparison's numbers, from finished cell runs (pure: no MLflow, no files).
+
+Cell runs are grouped into rows (base model, substrate, injection recipe, method) that pool
+their seeds. Each method row is paired with the `none` row of the same base model, substrate
+and recipe (docs/tracking.md); LoRA-D rows are degeneration controls read beside the
+adapter-free baseline of their substrate. Every metric, test and verdict comes from the
+observer modules (metrics, statistics, verdicts); this module only decides what is compared
+with what and which tests form a Benjamini–Hochberg family.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from kbench.channels import ATTACKER_BUDGETS
+from kbench.config import ScoringConfig
+from kbench.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
+from kbench.records import SPLITS, TraceRecord
+from kbench.statistics import (
+    McNemarResult,
+    SubstrateSeparation,
+    benjamini_hochberg,
+    eta_squared,
+    paired_mcnemar,
+    substrate_separation,
+    tau_threshold,
+)
+from kbench.verdicts import BASELINE_METHOD, CellQuartet, VerdictResult, decide_verdict, verdicts_by_budget
+
+#: The distractor-only control adapter loaded with a non-P substrate (SPEC §3).
+CONTROL_RECIPE = "lora-d"
+#: The recipe a non-P substrate runs without any adapter; LoRA-D controls are read beside it.
+ADAPTER_FREE_RECIPE = "none"
+#: Recipes a substrate is normally injected with (adapter-free for C / R-*, LoRA for P); a row
+#: of any other recipe (P merged) is labelled with its recipe so it is never mistaken for them.
+DEFAULT_RECIPES = frozenset({ADAPTER_FREE_RECIPE, "lora"})
+#: The budget an attacker reading only answers has, and the full multi-channel observer.
+NARROWEST_BUDGET, WIDEST_BUDGET = next(iter(ATTACKER_BUDGETS)), list(ATTACKER_BUDGETS)[-1]
+#: The design factors of SPEC §9's η² analysis, as columns of the per-seed K-Score frame.
+DESIGN_FACTORS: tuple[str, ...] = ("method", "substrate", "base_model", "seed", "recipe", "scoring_rule")
+#: Every K-Score of a report is computed here under one rule: the SPEC §7 field-aware matcher
+#: with the thresholds of params.scoring. The factor is listed so the table says it is constant.
+SCORING_RULE = "field-aware"
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """One finished cell run (one seed of a row) and its trace records."""
+
+    run_id: str
+    base_model: str
+    substrate: str
+    recipe: str
+    method: str
+    seed: int
+    records: tuple[TraceRecord, ...]
+
+    @property
+    def row_key(self) -> "RowKey":
+        return RowKey(self.base_model, self.substrate, self.recipe, self.method)
+
+
+@dataclass(frozen=True, order=True)
+class RowKey:
+    base_model: str
+    substrate: str
+    recipe: str
+    method: str
+
+    @property
+    def is_control(self) -> bool:
+        return self.recipe == CONTROL_RECIPE
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method == BASELINE_METHOD and not self.is_control
+
+    @property
+    def baseline(self) -> "RowKey":
+        """The `none` row this row is read against (docs/tracking.md, baseline pairing)."""
+        recipe = ADAPTER_FREE_RECIPE if self.is_control else self.recipe
+        return RowKey(self.base_model, self.substrate, recipe, BASELINE_METHOD)
+
+    @property
+    def substrate_label(self) -> str:
+        """The substrate as a column heading: `P`, `C`, or `P (merged)` for a non-default recipe."""
+        return self.substrate if self.recipe in DEFAULT_RECIPES else f"{self.substrate} ({self.recipe})"
+
+    @property
+    def method_label(self) -> str:
+        """The method, with its recipe when that is not the substrate's default (`ga (merged)`)."""
+        return self.method if self.recipe in DEFAULT_RECIPES else f"{self.method} ({self.recipe})"
+
+    def __str__(self) -> str:
+        return f"{self.base_model}/{self.substrate}/{self.recipe}/{self.method}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row's runs and its queries read by the matcher, pooled over seeds and per seed."""
+
+    key: RowKey
+    run_ids: tuple[str, ...]  # in seed order
+    seeds: tuple[int, ...]
+    pooled: dict[str, ScoredQueries]  # split -> queries of every seed
+    by_seed: dict[int, dict[str, ScoredQueries]]  # seed -> split -> queries
+
+
+def _split(records: Sequence[TraceRecord], split: str, where: str) -> ScoredQueries:
+    chosen = [r for r in records if r.split == split]
+    if not chosen:
+        raise ValueError(f"{where} has no {split} trace records; a cell run holds both splits")
+    return score_queries(chosen)
+
+
+def group_rows(cells: Iterable[CellRun]) -> dict[RowKey, Row]:
+    """Rows of the comparison: the cell runs of each (base model, substrate, recipe, method)."""
+    grouped: dict[RowKey, list[CellRun]] = defaultdict(list)
+    for cell in cells:
+        grouped[cell.row_key].append(cell)
+    rows = {}
+    for key, runs in sorted(grouped.items()):
+        runs.sort(key=lambda run: run.seed)
+        seeds = [run.seed for run in runs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"row {key} has two runs of one seed ({seeds}); keep the latest run per cell key")
+        records = [record for run in runs for record in run.records]
+        rows[key] = Row(
+            key=key,
+            run_ids=tuple(run.run_id for run in runs),
+            seeds=tuple(seeds),
+            pooled={split: _split(records, split, f"row {key}") for split in SPLITS},
+            by_seed={
+                run.seed: {split: _split(run.records, split, f"run {run.run_id} ({key})") for split in SPLITS}
+                for run in runs
+            },
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """A method row (or a baseline row) against its baseline: metrics, tests, verdicts."""
+
+    key: RowKey
+    run_ids: tuple[str, ...]
+    seeds: tuple[int, ...]
+    baseline_run_ids: tuple[str, ...]
+    forget: CellMetrics
+    retain: CellMetrics
+    baseline_forget: CellMetrics
+    test_forget: McNemarResult
+    test_retain: McNemarResult
+    p_adj_retain: float
+    verdict: VerdictResult
+    #: Verdict under each attacker budget A1..A5; empty for a baseline row (nothing to test).
+    by_budget: dict[str, VerdictResult]
+
+    @property
+    def flips(self) -> bool:
+        """The verdict an answer-only attacker sees differs from the full observer's."""
+        return bool(self.by_budget) and (
+            self.by_budget[NARROWEST_BUDGET].verdict != self.by_budget[WIDEST_BUDGET].verdict
+        )
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """A LoRA-D row beside the adapter-free baseline of its substrate (None when that is missing)."""
+
+    key: RowKey
+    run_ids: tuple[str, ...]
+    forget: CellMetrics
+    retain: CellMetrics
+    baseline_run_ids: tuple[str, ...]
+    baseline_forget: CellMetrics | None
+    baseline_retain: CellMetrics | None
+
+    @property
+    def delta_degeneration(self) -> float | None:
+        """Degeneration added by loading an adapter at all (forget split)."""
+        if self.baseline_forget is None:
+            return None
+        return self.forget.degeneration - self.baseline_forget.degeneration
+
+
+@dataclass(frozen=True)
+class MissingBaseline:
+    """A row that could not be compared because its `none` row has no finished run."""
+
+    key: RowKey
+    expected: RowKey
+    run_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SubstratePattern:
+    """One baseline's leak pattern (forget split) and how stable it is across seeds."""
+
+    key: RowKey
+    metrics: CellMetrics
+    run_ids: tuple[str, ...]
+    seed_shares: tuple[dict[str, float | None], ...]  # share vector of each seed that leaked
+    invalid: bool
+
+
+@dataclass(frozen=True)
+class LeakPatterns:
+    """The substrate leak-pattern hypothesis of SPEC §9 for one base model."""
+
+    base_model: str
+    substrates: tuple[SubstratePattern, ...]
+    tau: float | None  # None: no substrate has two seeds with a defined share vector
+    pairs: tuple[SubstrateSeparation, ...]
+    no_leak: tuple[str, ...]  # substrates whose baseline never leaked: no share vector, no TV
+
+    @property
+    def hypothesis_holds(self) -> bool | None:
+        """Every non-exempt pair separated by more than τ; None when τ or the pairs are missing."""
+        judged = [pair for pair in self.pairs if not pair.exempt]
+        if self.tau is None or not judged:
+            return None
+        return all(pair.separated for pair in judged)
+
+
+@dataclass(frozen=True)
+class FactorEffect:
+    factor: str
+    levels: int
+    eta_squared: float | None  # None: the factor is constant in the runs, so it is omitted
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """η² of each design factor on the per-seed K-Scores (SPEC §9, RQ4)."""
+
+    observations: int
+    effects: tuple[FactorEffect, ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rows: tuple[RowResult, ...]
+    controls: tuple[ControlResult, ...]
+    missing: tuple[MissingBaseline, ...]
+    leak_patterns: tuple[LeakPatterns, ...]
+    sensitivity: Sensitivity
+    config: ScoringConfig
+
+
+def _quartet(row: Row, baseline: Row, by_seed: int | None = None) -> CellQuartet:
+    def cells(r: Row) -> dict[str, ScoredQueries]:
+        return r.pooled if by_seed is None else r.by_seed[by_seed]
+
+    return CellQuartet(
+        none_forget=cells(baseline)["forget"],
+        none_retain=cells(baseline)["retain"],
+        method_forget=cells(row)["forget"],
+        method_retain=cells(row)["retain"],
+    )
+
+
+def _adjusted(tests: dict[RowKey, float]) -> dict[RowKey, float]:
+    """BH over one family of tests, keyed by row."""
+    return dict(zip(tests, benjamini_hochberg(list(tests.values()))))
+
+
+def _budget_tests(quartet: CellQuartet) -> dict[str, float]:
+    """Forget-split McNemar p of a method under each attacker budget."""
+    return {
+        budget: paired_mcnemar(quartet.none_forget.restrict(ch), quartet.method_forget.restrict(ch)).p
+        for budget, ch in ATTACKER_BUDGETS.items()
+    }
+
+
+def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResult]:
+    """Verdicts of every comparable row, with BH across all method rows present.
+
+    Two families (SPEC §9): the forget tests and the retain tests of every method row, over
+    every base model, substrate and recipe. The per-budget verdicts adjust each budget's
+    forget tests as a family of their own. A baseline row is not a test: p = p_adj = 1.
+    """
+    comparable = [row for row in rows.values() if not row.key.is_control and row.key.baseline in rows]
+    tested = [row for row in comparable if not row.key.is_baseline]
+    quartets = {row.key: _quartet(row, rows[row.key.baseline]) for row in comparable}
+    forget_tests = {k: paired_mcnemar(q.none_forget, q.method_forget) for k, q in quartets.items()}
+    retain_tests = {k: paired_mcnemar(q.none_retain, q.method_retain) for k, q in quartets.items()}
+    p_adj_forget = _adjusted({row.key: forget_tests[row.key].p for row in tested})
+    p_adj_retain = _adjusted({row.key: retain_tests[row.key].p for row in tested})
+    budget_p = {row.key: _budget_tests(quartets[row.key]) for row in tested}
+    budget_p_adj = {budget: _adjusted({k: p[budget] for k, p in budget_p.items()}) for budget in ATTACKER_BUDGETS}
+
+    results = []
+    for row in comparable:
+        key, quartet = row.key, quartets[row.key]
+        metrics = [cell_metrics(cell, config) for cell in quartet.cells()]
+        p = forget_tests[key].p
+        verdict = decide_verdict(
+            *metrics, p=p, p_adj=p_adj_forget.get(key, p), is_baseline=key.is_baseline, config=config
+        )
+        by_budget = (
+            {}
+            if key.is_baseline
+            else verdicts_by_budget(quartet, config, {b: budget_p_adj[b][key] for b in ATTACKER_BUDGETS})
+        )
+        results.append(
+            RowResult(
+                key=key,
+                run_ids=row.run_ids,
+                seeds=row.seeds,
+                baseline_run_ids=rows[key.baseline].run_ids,
+                forget=metrics[2],
+                retain=metrics[3],
+                baseline_forget=metrics[0],
+                test_forget=forget_tests[key],
+                test_retain=retain_tests[key],
+                p_adj_retain=p_adj_retain.get(key, retain_tests[key].p),
+                verdict=verdict,
+                by_budget=by_budget,
+            )
+        )
+    return results
+
+
+def _controls(rows: dict[RowKey, Row], config: ScoringConfig) -> list[ControlResult]:
+    results = []
+    for row in rows.values():
+        if not row.key.is_control:
+            continue
+        baseline = rows.get(row.key.baseline)
+        results.append(
+            ControlResult(
+                key=row.key,
+                run_ids=row.run_ids,
+                forget=cell_metrics(row.pooled["forget"], config),
+                retain=cell_metrics(row.pooled["retain"], config),
+                baseline_run_ids=baseline.run_ids if baseline else (),
+                baseline_forget=cell_metrics(baseline.pooled["forget"], config) if baseline else None,
+                baseline_retain=cell_metrics(baseline.pooled["retain"], config) if baseline else None,
+            )
+        )
+    return results
+
+
+def _missing(rows: dict[RowKey, Row]) -> list[MissingBaseline]:
+    return [
+        MissingBaseline(row.key, row.key.baseline, row.run_ids)
+        for row in rows.values()
+        if row.key.baseline not in rows
+    ]
+
+
+def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: ScoringConfig) -> list[LeakPatterns]:
+    """Per base model: baseline leak shares per substrate, pairwise TV and τ (SPEC §9).
+
+    τ comes from the per-seed share vectors of each baseline; the pairwise TV compares the
+    seed-pooled share vectors. A baseline that never leaked has no share vector and takes
+    part in neither.
+    """
+    patterns = []
+    baselines = sorted((r for r in results if r.key.is_baseline), key=lambda r: r.key)
+    for base_model, group in itertools.groupby(baselines, key=lambda r: r.key.base_model):
+        substrates = []
+        for result in group:
+            seed_shares = tuple(
+                shares
+                for cells in rows[result.key].by_seed.values()
+                if (shares := cell_metrics(cells["forget"], config).shares) is not None
+            )
+            substrates.append(
+                SubstratePattern(
+                    key=result.key,
+                    metrics=result.forget,
+                    run_ids=result.run_ids,
+                    seed_shares=seed_shares,
+                    invalid=result.verdict.verdict == "invalid-baseline",
+                )
+            )
+        shares = {s.key.substrate_label: s.metrics.shares for s in substrates if s.metrics.shares is not None}
+        tau = tau_threshold({s.key.substrate_label: s.seed_shares for s in substrates}, config.tau_factor)
+        pairs = substrate_separation(shares, math.nan if tau is None else tau, config.tv_exempt_pairs)
+        patterns.append(
+            LeakPatterns(
+                base_model=base_model,
+                substrates=tuple(substrates),
+                tau=tau,
+                pairs=tuple(pairs),
+                no_leak=tuple(s.key.substrate_label for s in substrates if s.metrics.shares is None),
+            )
+        )
+    return patterns
+
+
+def _seed_k_scores(rows: dict[RowKey, Row], results: list[RowResult], config: ScoringConfig) -> pd.DataFrame:
+    """One K-Score per (row, seed) against the baseline of the same seed (NaN: TC or invalid).
+
+    The verdict gates that leave K undefined (invalid baseline, TC) do not depend on p, so
+    the per-seed McNemar p is passed unadjusted.
+    """
+    records = []
+    for result in results:
+        row, baseline = rows[result.key], rows[result.key.baseline]
+        for seed in sorted(set(row.seeds) & set(baseline.seeds)):
+            quartet = _quartet(row, baseline, by_seed=seed)
+            p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
+            verdict = decide_verdict(
+                *(cell_metrics(cell, config) for cell in quartet.cells()),
+                p=p, p_adj=p, is_baseline=result.key.is_baseline, config=config,
+            )
+            records.append({
+                "method": result.key.method,
+                "substrate": result.key.substrate,
+                "base_model": result.key.base_model,
+                "seed": seed,
+                "recipe": result.key.recipe,
+                "scoring_rule": SCORING_RULE,
+                "k_score": math.nan if verdict.k_score is None else verdict.k_score,
+            })
+    return pd.DataFrame(records, columns=[*DESIGN_FACTORS, "k_score"])
+
+
+def sensitivity(frame: pd.DataFrame) -> Sensitivity:
+    """η² per design factor; a factor with one level among the scored rows is omitted."""
+    scored = frame.dropna(subset=["k_score"])
+    shares = eta_squared(scored, "k_score", DESIGN_FACTORS) if len(scored) else {}
+    effects = []
+    for factor in DESIGN_FACTORS:
+        levels = int(scored[factor].nunique())
+        effects.append(FactorEffect(factor, levels, shares[factor] if levels > 1 else None))
+    return Sensitivity(observations=len(scored), effects=tuple(effects))
+
+
+def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None) -> Comparison:
+    """Everything the report shows, from the cell runs present (any subset of the design)."""
+    config = config or ScoringConfig()
+    rows = group_rows(cells)
+    results = _row_results(rows, config)
+    return Comparison(
+        rows=tuple(results),
+        controls=tuple(_controls(rows, config)),
+        missing=tuple(_missing(rows)),
+        leak_patterns=tuple(_leak_patterns(rows, results, config)),
+        sensitivity=sensitivity(_seed_k_scores(rows, results, config)),
+        config=config,
+    )

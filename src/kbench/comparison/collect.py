@@ -1,0 +1,98 @@
+"""Read the finished cell runs of an experiment from MLflow (the only I/O of the comparison).
+
+A cell key can have several runs (a re-run after a code change, a `kbench sync` in another
+clone); the latest finished one stands for the cell. Its trace records come from the run's
+artifact `output/traces.jsonl` (docs/tracking.md), so every number of the report is
+recomputed from the evidence MLflow holds, not from the metrics the cell logged.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbench.comparison.analysis import CellRun
+from kbench.records import read_traces
+from kbench.tracking import TAG_KEY, TAG_KIND
+
+CELL_KIND = "cell"
+TRACES_ARTIFACT = "output/traces.jsonl"
+#: Tags a cell run must carry (docs/tracking.md) and the CellRun field each one fills.
+CELL_TAGS = {
+    "kbench.base_model": "base_model",
+    "kbench.substrate": "substrate",
+    "kbench.recipe": "recipe",
+    "kbench.method": "method",
+    "kbench.seed": "seed",
+}
+
+
+@dataclass(frozen=True)
+class CellRunInfo:
+    """What MLflow says about a cell run before its artifacts are read."""
+
+    run_id: str
+    key: str
+    start_time: int  # ms since the epoch
+    tags: dict[str, str]
+
+
+def latest_per_key(runs: Iterable[CellRunInfo]) -> list[CellRunInfo]:
+    """One run per cell key: the one started last (ties broken by run id, for determinism)."""
+    latest: dict[str, CellRunInfo] = {}
+    for run in runs:
+        kept = latest.get(run.key)
+        if kept is None or (run.start_time, run.run_id) > (kept.start_time, kept.run_id):
+            latest[run.key] = run
+    return [latest[key] for key in sorted(latest)]
+
+
+def search_cell_runs(experiment_id: str) -> list[CellRunInfo]:
+    """Every finished cell run of the experiment, re-runs included."""
+    import mlflow
+
+    runs = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`{TAG_KIND}` = '{CELL_KIND}' and attributes.status = 'FINISHED'",
+        output_format="list",
+    )
+    return [
+        CellRunInfo(run.info.run_id, run.data.tags[TAG_KEY], run.info.start_time, dict(run.data.tags))
+        for run in runs
+    ]
+
+
+def _cell_fields(info: CellRunInfo) -> dict[str, str | int]:
+    missing = [tag for tag in CELL_TAGS if tag not in info.tags]
+    if missing:
+        raise ValueError(f"cell run {info.run_id} ({info.key}) lacks the tag(s) {missing}; see docs/tracking.md")
+    fields: dict[str, str | int] = {field: info.tags[tag] for tag, field in CELL_TAGS.items()}
+    fields["seed"] = int(fields["seed"])
+    return fields
+
+
+def load_cell_run(info: CellRunInfo, scratch: Path) -> CellRun:
+    """Download a run's trace records and check they belong to the cell its tags name."""
+    import mlflow
+
+    fields = _cell_fields(info)
+    path = mlflow.artifacts.download_artifacts(
+        run_id=info.run_id, artifact_path=TRACES_ARTIFACT, dst_path=str(scratch / info.run_id)
+    )
+    records = tuple(read_traces([path]))
+    for record in records:
+        found = (record.substrate, record.method, record.seed)
+        if found != (fields["substrate"], fields["method"], fields["seed"]):
+            raise ValueError(
+                f"cell run {info.run_id} ({info.key}) holds a trace of another cell "
+                f"(substrate, method, seed) = {found} ({record.query_id})"
+            )
+    return CellRun(run_id=info.run_id, records=records, **fields)  # type: ignore[arg-type]
+
+
+def collect_cells(experiment_id: str) -> list[CellRun]:
+    """The latest finished run of every cell key in the experiment, with its trace records."""
+    with tempfile.TemporaryDirectory(prefix="kbench-compare-") as scratch:
+        return [load_cell_run(info, Path(scratch)) for info in latest_per_key(search_cell_runs(experiment_id))]

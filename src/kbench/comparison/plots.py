@@ -1,0 +1,216 @@
+"""The comparison's figures (matplotlib, Agg backend) and the data series behind them.
+
+Each figure is drawn from one data frame, and that frame is also written as CSV for
+`dvc plots`, so the PNG and the DVC plot can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: the stage runs headless under DVC
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from kbench.channels import ATTACKER_BUDGETS, CHANNELS  # noqa: E402
+from kbench.comparison.analysis import Comparison  # noqa: E402
+from kbench.comparison.tables import leaderboard_order, shown_k_score  # noqa: E402
+
+DPI = 110
+
+
+def _series(base_model: str, label: str, several_models: bool) -> str:
+    return f"{base_model} · {label}" if several_models else label
+
+
+def _several_models(comparison: Comparison) -> bool:
+    return len({r.key.base_model for r in comparison.rows}) > 1
+
+
+def cer_frame(comparison: Comparison) -> pd.DataFrame:
+    """Baseline forget CER per channel and substrate, with the bootstrap interval."""
+    several = _several_models(comparison)
+    records = []
+    for r in comparison.rows:
+        if not r.key.is_baseline:
+            continue
+        for channel in CHANNELS:
+            interval = r.forget.ci.cer[channel]
+            records.append({
+                "substrate": _series(r.key.base_model, r.key.substrate_label, several),
+                "channel": channel,
+                "cer": r.forget.cer[channel],
+                "ci_low": None if interval is None else interval[0],
+                "ci_high": None if interval is None else interval[1],
+            })
+    return pd.DataFrame(records, columns=["substrate", "channel", "cer", "ci_low", "ci_high"])
+
+
+def selectivity_frame(comparison: Comparison) -> pd.DataFrame:
+    """Each method row: forget OR against Δsel (its retain OR minus the baseline's)."""
+    several = _several_models(comparison)
+    records = [
+        {
+            "substrate": _series(r.key.base_model, r.key.substrate_label, several),
+            "method": r.key.method,
+            "or_forget": r.forget.or_all,
+            "delta_sel": r.verdict.delta_sel,
+            "verdict": r.verdict.verdict,
+        }
+        for r in comparison.rows
+        if not r.key.is_baseline
+    ]
+    return pd.DataFrame(records, columns=["substrate", "method", "or_forget", "delta_sel", "verdict"])
+
+
+def budget_frame(comparison: Comparison) -> pd.DataFrame:
+    """Baseline forget OR under each attacker budget, per substrate."""
+    several = _several_models(comparison)
+    records = [
+        {"substrate": _series(r.key.base_model, r.key.substrate_label, several), "budget": b, "baseline_or": v}
+        for r in comparison.rows
+        if r.key.is_baseline
+        for b, v in r.forget.attacker_budget.items()
+    ]
+    return pd.DataFrame(records, columns=["substrate", "budget", "baseline_or"])
+
+
+def k_score_frame(comparison: Comparison) -> pd.DataFrame:
+    """Leaderboard order per (base model, substrate); `shown` is what the leaderboard prints."""
+    several = _several_models(comparison)
+    records = [
+        {
+            "substrate": _series(r.key.base_model, r.key.substrate, several),
+            "method": r.key.method_label,
+            "k_score": r.verdict.k_score,
+            "shown": shown_k_score(r),
+        }
+        for r in leaderboard_order(comparison.rows)
+    ]
+    frame = pd.DataFrame(records, columns=["substrate", "method", "k_score", "shown"])
+    return frame.sort_values("substrate", kind="stable")
+
+
+def _empty(ax: plt.Axes, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def cer_figure(frame: pd.DataFrame) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    substrates = list(dict.fromkeys(frame["substrate"]))
+    if not substrates:
+        _empty(ax, "no baseline runs yet")
+        return fig
+    width = 0.8 / len(substrates)
+    x = np.arange(len(CHANNELS))
+    for i, substrate in enumerate(substrates):
+        part = frame[frame["substrate"] == substrate].set_index("channel").reindex(CHANNELS)
+        cer = part["cer"].astype(float).to_numpy()
+        low = np.nan_to_num(cer - part["ci_low"].astype(float).to_numpy())
+        high = np.nan_to_num(part["ci_high"].astype(float).to_numpy() - cer)
+        ax.bar(x + (i - (len(substrates) - 1) / 2) * width, np.nan_to_num(cer), width,
+               yerr=[low, high], capsize=2, label=substrate)
+    ax.set_xticks(x, CHANNELS)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("baseline CER (forget)")
+    ax.set_title("Per-channel leak rate of the baseline, by substrate (95% CI)")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def selectivity_figure(frame: pd.DataFrame, d1_tolerance: float) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.axhspan(-d1_tolerance, d1_tolerance, color="tab:green", alpha=0.15, label=f"D1: |Δsel| < {d1_tolerance:g}")
+    ax.axhline(0, color="0.5", linewidth=0.8)
+    for substrate, part in frame.groupby("substrate", sort=True):
+        ax.scatter(part["or_forget"], part["delta_sel"], label=substrate, s=36)
+        # Methods at the same point share one label instead of overprinting each other.
+        for (x, y), same in part.groupby(["or_forget", "delta_sel"]):
+            ax.annotate(", ".join(same["method"]), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if frame.empty:
+        ax.text(0.5, 0.75, "no method rows yet", ha="center", transform=ax.transAxes, color="0.4")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("OR(all) forget of the method")
+    ax.set_ylabel("Δsel = OR(all) retain − baseline OR(all) retain")
+    ax.set_title("Selectivity: forget leak vs retain change")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def budget_figure(frame: pd.DataFrame) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    budgets = list(ATTACKER_BUDGETS)
+    for substrate, part in frame.groupby("substrate", sort=True):
+        values = part.set_index("budget").reindex(budgets)["baseline_or"]
+        ax.plot(budgets, values, marker="o", label=substrate)
+    if frame.empty:
+        _empty(ax, "no baseline runs yet")
+        return fig
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("attacker budget (A1 answer only … A5 all six channels)")
+    ax.set_ylabel("baseline OR (forget)")
+    ax.set_title("What each attacker sees of the baseline's leak")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def k_score_figure(frame: pd.DataFrame) -> plt.Figure:
+    groups = list(dict.fromkeys(frame["substrate"]))
+    heights = [max(1, (frame["substrate"] == g).sum()) for g in groups] or [1]
+    fig, axes = plt.subplots(
+        len(heights), 1, figsize=(7, 1.2 + 0.35 * sum(heights) + 0.5 * len(heights)),
+        gridspec_kw={"height_ratios": heights}, squeeze=False,
+    )
+    if not groups:
+        _empty(axes[0, 0], "no comparable rows yet")
+        return fig
+    for ax, group in zip(axes[:, 0], groups):
+        part = frame[frame["substrate"] == group].iloc[::-1]  # best at the top
+        y = np.arange(len(part))
+        scores = part["k_score"].astype(float).to_numpy()
+        ax.barh(y, np.nan_to_num(scores), color="tab:blue")
+        for yi, score, shown in zip(y, scores, part["shown"]):
+            # An unscored row (TC, invalid baseline) gets its label, never a bar at 0.
+            ax.text(0.01 if np.isnan(score) else score + 0.01, yi, shown, va="center", fontsize=8)
+        ax.set_yticks(y, part["method"])
+        ax.set_xlim(0, 1.1)
+        ax.set_title(group, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("K-Score")
+    fig.suptitle("K-Score leaderboards (per substrate, never averaged)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_specs(comparison: Comparison) -> dict[str, tuple[pd.DataFrame, Callable[[], plt.Figure]]]:
+    """name -> (data, figure drawn from that data); written as plots/<name>.csv and .png."""
+    cer, selectivity = cer_frame(comparison), selectivity_frame(comparison)
+    budget, k_score = budget_frame(comparison), k_score_frame(comparison)
+    return {
+        "cer_by_substrate": (cer, lambda: cer_figure(cer)),
+        "selectivity": (selectivity, lambda: selectivity_figure(selectivity, comparison.config.d1_tolerance)),
+        "attacker_budget": (budget, lambda: budget_figure(budget)),
+        "k_score": (k_score, lambda: k_score_figure(k_score)),
+    }
+
+
+def write_plots(comparison: Comparison, folder: Path) -> dict[str, Path]:
+    """Write plots/<name>.png and plots/<name>.csv; return the PNG paths by name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, (frame, draw) in plot_specs(comparison).items():
+        frame.to_csv(folder / f"{name}.csv", index=False)
+        fig = draw()
+        try:
+            # No timestamp in the PNG, so an unchanged comparison gives unchanged files.
+            fig.savefig(folder / f"{name}.png", dpi=DPI, metadata={"Software": None})
+        finally:
+            plt.close(fig)
+        written[name] = folder / f"{name}.png"
+    return written

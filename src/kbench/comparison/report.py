@@ -1,0 +1,250 @@
+"""Writers of the comparison's outputs: index.html, leaderboard.md and the JSON files.
+
+index.html is one self-contained file (inline CSS, PNGs as base64 data URIs, no script), so
+it opens from a DVC checkout, an MLflow artifact view or an e-mail alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from kbench.comparison.analysis import Comparison
+from kbench.comparison.tables import (
+    MARKDOWN_COLUMNS,
+    Table,
+    attacker_budget_table,
+    budget_verdict_table,
+    control_table,
+    leak_pattern_table,
+    leaderboards,
+    missing_baseline_table,
+    sensitivity_table,
+    separation_table,
+    shown_verdict,
+    verdict_matrix,
+)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the report's numbers come from, printed at its top."""
+
+    experiment: str
+    tracking_uri: str
+    cell_runs: int
+    git_commit: str
+
+
+_HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+    """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>K-Bench comparison · {{ provenance.experiment }}</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; font-size: 14px; }
+h1 { font-size: 1.6em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ccc; } h3 { font-size: 1.05em; }
+table { border-collapse: collapse; margin: 0.4em 0 0.3em; font-size: 12px; }
+th, td { border: 1px solid #ccc; padding: 2px 5px; text-align: left; vertical-align: top; white-space: nowrap; }
+th { background: #eef2f7; } tr:nth-child(even) td { background: #fafafa; }
+td.runs { font-family: monospace; font-size: 10px; white-space: normal; min-width: 16em; max-width: 24em; }
+p.note { color: #555; font-size: 12px; max-width: 70em; margin-top: 0.2em; }
+.warning { background: #fff4e0; border-left: 4px solid #e69500; padding: 0.4em 0.8em; }
+.ok { background: #eef8ee; border-left: 4px solid #3a3; padding: 0.4em 0.8em; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
+.wide { overflow-x: auto; }
+</style></head><body>
+{% macro render(table) %}
+<h3>{{ table.title }}</h3>
+{% if table.rows %}
+<div class="wide"><table><thead><tr>{% for c in table.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
+{% for row in table.rows %}<tr>{% for c, v in zip(table.columns, row) %}<td{% if 'runs' in c.lower() %} class="runs"{% endif %}>{{ v }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table></div>
+{% else %}<p>No rows.</p>{% endif %}
+{% if table.note %}<p class="note">{{ table.note }}</p>{% endif %}
+{% endmacro %}
+<h1>K-Bench comparison</h1>
+<p>Experiment <b>{{ provenance.experiment }}</b> at <code>{{ provenance.tracking_uri }}</code>:
+{{ provenance.cell_runs }} finished cell runs (the latest run of each cell key), code commit
+<code>{{ provenance.git_commit }}</code>. Every run id below is an MLflow run of kind <code>cell</code>;
+its trace records are the artifact <code>output/traces.jsonl</code>.</p>
+
+<h2 id="missing">Missing baselines</h2>
+{% if missing.rows %}<div class="warning"><p>{{ missing.rows | length }} row(s) have no finished
+baseline run and therefore no verdict.</p>{{ render(missing) }}</div>
+{% else %}<p class="ok">Every row has its baseline.</p>{% endif %}
+
+<h2 id="leaderboards">Leaderboards</h2>
+<p class="note">One per base model and substrate, best K-Score first. TC (terminal agent collapse) has no
+K-Score; invalid-baseline rows have no verdict. K = (1 − graded OR forget) · (1 − |graded Δsel|) · (1 − Δdegen).</p>
+{% for table in leaderboards %}{{ render(table) }}{% endfor %}
+<img alt="K-Score leaderboards" src="{{ images.k_score }}">
+
+<h2 id="matrix">Verdict matrix</h2>
+{{ render(matrix) }}
+
+<h2 id="budgets">Attacker budgets</h2>
+{{ render(budgets) }}
+<img alt="attacker-budget curves" src="{{ images.attacker_budget }}">
+{{ render(budget_verdicts) }}
+
+<h2 id="leak-patterns">Substrate leak patterns</h2>
+<img alt="per-channel CER by substrate" src="{{ images.cer_by_substrate }}">
+{% for pair in leak_patterns %}{{ render(pair[0]) }}{{ render(pair[1]) }}{% endfor %}
+
+<h2 id="selectivity">Selectivity</h2>
+<img alt="forget OR against retain change" src="{{ images.selectivity }}">
+
+<h2 id="controls">LoRA-D control</h2>
+{{ render(controls) }}
+
+<h2 id="sensitivity">Sensitivity (η²)</h2>
+{{ render(sensitivity) }}
+</body></html>
+"""
+)
+
+
+def _data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: Provenance) -> str:
+    return _HTML.render(
+        provenance=provenance,
+        missing=missing_baseline_table(comparison),
+        leaderboards=leaderboards(comparison),
+        matrix=verdict_matrix(comparison),
+        budgets=attacker_budget_table(comparison),
+        budget_verdicts=budget_verdict_table(comparison),
+        leak_patterns=[
+            (leak_pattern_table(p), separation_table(p, comparison.config.tau_factor))
+            for p in comparison.leak_patterns
+        ],
+        controls=control_table(comparison),
+        sensitivity=sensitivity_table(comparison),
+        images={name: _data_uri(path) for name, path in images.items()},
+        zip=zip,
+    )
+
+
+def markdown_table(table: Table) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [f"### {table.title}", ""]
+    if table.rows:
+        lines += [
+            "| " + " | ".join(map(cell, table.columns)) + " |",
+            "|" + "---|" * len(table.columns),
+            *("| " + " | ".join(map(cell, row)) + " |" for row in table.rows),
+        ]
+    else:
+        lines.append("No rows.")
+    if table.note:
+        lines += ["", table.note]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(comparison: Comparison, provenance: Provenance) -> str:
+    parts = [
+        "# K-Bench leaderboards\n",
+        f"Experiment `{provenance.experiment}`, {provenance.cell_runs} cell runs; the full report with "
+        "every run id is `reports/index.html`.\n",
+    ]
+    parts += [markdown_table(t.select(MARKDOWN_COLUMNS)) for t in leaderboards(comparison)]
+    parts.append(markdown_table(verdict_matrix(comparison)))
+    if comparison.missing:
+        parts.append(markdown_table(missing_baseline_table(comparison)))
+    return "\n".join(parts)
+
+
+def metrics_json(comparison: Comparison) -> dict[str, Any]:
+    """Numbers for `dvc metrics show/diff`: per row, per base model, and the counts."""
+    rows: dict[str, Any] = {}
+    for r in comparison.rows:
+        k = r.key
+        rows.setdefault(k.base_model, {}).setdefault(k.substrate, {}).setdefault(k.recipe, {})[k.method] = {
+            "k_score": r.verdict.k_score,
+            "or_forget": r.forget.or_all,
+            "or_retain": r.retain.or_all,
+            "delta_sel": r.verdict.delta_sel,
+            "degeneration_forget": r.forget.degeneration,
+            "p_adj": r.verdict.p_adj,
+        }
+    return {
+        "rows": rows,
+        "tau": {p.base_model: p.tau for p in comparison.leak_patterns},
+        "rows_compared": len(comparison.rows),
+        "verdict_flips_a1_a5": sum(r.flips for r in comparison.rows),
+        "missing_baselines": len(comparison.missing),
+    }
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    """Everything behind the tables, machine-readable, with the run ids of every number."""
+    return {
+        "rows": [
+            {
+                "key": vars(r.key),
+                "shown_verdict": shown_verdict(r),
+                "run_ids": list(r.run_ids),
+                "baseline_run_ids": list(r.baseline_run_ids),
+                "seeds": list(r.seeds),
+                "verdict": r.verdict.to_json(),
+                "p_retain": r.test_retain.p,
+                "p_adj_retain": r.p_adj_retain,
+                "pairs": r.test_forget.pairs,
+                "forget": r.forget.to_json(),
+                "retain": r.retain.to_json(),
+                "by_budget": {b: v.to_json() for b, v in r.by_budget.items()},
+                "flips_a1_a5": r.flips,
+            }
+            for r in comparison.rows
+        ],
+        "controls": [
+            {
+                "key": vars(c.key),
+                "run_ids": list(c.run_ids),
+                "baseline_run_ids": list(c.baseline_run_ids),
+                "forget": c.forget.to_json(),
+                "retain": c.retain.to_json(),
+                "baseline_forget": c.baseline_forget.to_json() if c.baseline_forget else None,
+                "delta_degeneration": c.delta_degeneration,
+            }
+            for c in comparison.controls
+        ],
+        "missing_baselines": [
+            {"key": vars(m.key), "expected": vars(m.expected), "run_ids": list(m.run_ids)}
+            for m in comparison.missing
+        ],
+        "leak_patterns": [
+            {
+                "base_model": p.base_model,
+                "tau": p.tau,
+                "hypothesis_holds": p.hypothesis_holds,
+                "no_leak": list(p.no_leak),
+                "pairs": [vars(pair) for pair in p.pairs],
+                "baselines": {
+                    s.key.substrate_label: {"shares": s.metrics.shares, "cer": s.metrics.cer, "run_ids": list(s.run_ids)}
+                    for s in p.substrates
+                },
+            }
+            for p in comparison.leak_patterns
+        ],
+        "sensitivity": {
+            "observations": comparison.sensitivity.observations,
+            "eta_squared": {e.factor: e.eta_squared for e in comparison.sensitivity.effects},
+            "levels": {e.factor: e.levels for e in comparison.sensitivity.effects},
+        },
+    }
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    # allow_nan=False: a NaN or infinity here is a bug upstream, not a number to publish.
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")

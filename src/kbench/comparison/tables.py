@@ -1,0 +1,331 @@
+"""The comparison as tables of display strings (pure): what index.html and leaderboard.md show.
+
+Every table is built once here; the HTML and Markdown writers only lay them out. Numbers
+are formatted by the helpers below so a rate, a p-value or an interval reads the same
+everywhere, and every row that carries a number names the MLflow runs behind it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from kbench.channels import ATTACKER_BUDGETS, CHANNELS
+from kbench.comparison.analysis import (
+    Comparison,
+    ControlResult,
+    LeakPatterns,
+    RowResult,
+    SubstratePattern,
+)
+from kbench.metrics import CellMetrics, Interval
+from kbench.statistics import tau_threshold
+from kbench.verdicts import UNSCORED_VERDICTS
+
+#: Shown where a number is undefined (no leak to share, no baseline, a constant factor).
+MISSING = "—"
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    note: str = ""
+
+    def select(self, columns: Sequence[str]) -> "Table":
+        """The same table with only `columns`, in that order."""
+        index = [self.columns.index(c) for c in columns]
+        return Table(self.title, tuple(columns), tuple(tuple(r[i] for i in index) for r in self.rows), self.note)
+
+
+def fmt_rate(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.3f}"
+
+
+def fmt_signed(value: float | None) -> str:
+    return MISSING if value is None else f"{value:+.3f}"
+
+
+def fmt_interval(interval: Interval | None) -> str:
+    return MISSING if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def fmt_with_ci(value: float | None, interval: Interval | None) -> str:
+    return fmt_rate(value) if interval is None else f"{fmt_rate(value)} {fmt_interval(interval)}"
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
+
+
+def fmt_runs(run_ids: Iterable[str]) -> str:
+    return " ".join(run_ids) or MISSING
+
+
+def fmt_flag(value: bool | None, yes: str = "yes", no: str = "no") -> str:
+    return MISSING if value is None else (yes if value else no)
+
+
+def shown_verdict(result: RowResult) -> str:
+    """The verdict as the tables show it: a valid baseline row is the reference, not a class."""
+    verdict = result.verdict.verdict
+    return "baseline" if result.key.is_baseline and verdict not in UNSCORED_VERDICTS else verdict
+
+
+def shown_k_score(result: RowResult) -> str:
+    """K-Score, or TC for a collapsed agent (never 0: a collapse is not a perfect forget)."""
+    k = result.verdict.k_score
+    if k is not None:
+        return f"{k:.3f}"
+    return "TC" if result.verdict.verdict == "TC" else MISSING
+
+
+def leaderboard_order(results: Iterable[RowResult]) -> list[RowResult]:
+    """Highest K-Score first; rows without a K-Score (TC, invalid baseline) last."""
+    return sorted(
+        results,
+        key=lambda r: (r.verdict.k_score is None, -(r.verdict.k_score or 0.0), r.key.method, r.key.recipe),
+    )
+
+
+def _grouped(results: Iterable[RowResult], key: Callable[[RowResult], tuple]) -> list[tuple[tuple, list[RowResult]]]:
+    ordered = sorted(results, key=lambda r: (key(r), r.key))
+    return [(k, list(g)) for k, g in itertools.groupby(ordered, key=key)]
+
+
+def _cer_cells(metrics: CellMetrics) -> list[str]:
+    return [fmt_with_ci(metrics.cer[c], metrics.ci.cer[c]) for c in CHANNELS]
+
+
+LEADERBOARD_COLUMNS = (
+    "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
+    "Δsel", "D1", "Degen forget", "Degen retain", "Δdegen", "p", "p_adj", "p_adj retain", "Pairs",
+    *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs", "Baseline runs",
+)
+#: The leaderboard columns leaderboard.md keeps (the README shows it; the HTML has them all).
+MARKDOWN_COLUMNS = (
+    "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
+    "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Dominant", "Seeds",
+)
+
+
+def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
+    v = result.verdict
+    return (
+        result.key.method,
+        result.key.recipe,
+        shown_verdict(result),
+        shown_k_score(result),
+        fmt_with_ci(result.forget.or_all, result.forget.ci.or_all),
+        fmt_with_ci(result.retain.or_all, result.retain.ci.or_all),
+        fmt_signed(v.delta_sel),
+        fmt_flag(v.d1),
+        fmt_rate(result.forget.degeneration),
+        fmt_rate(result.retain.degeneration),
+        fmt_rate(v.delta_degen),
+        fmt_p(v.p),
+        fmt_p(v.p_adj),
+        fmt_p(result.p_adj_retain),
+        str(result.test_forget.pairs),
+        *_cer_cells(result.forget),
+        v.dominant_method or MISSING,
+        ", ".join(map(str, result.seeds)),
+        fmt_runs(result.run_ids),
+        fmt_runs(result.baseline_run_ids),
+    )
+
+
+def leaderboards(comparison: Comparison) -> list[Table]:
+    """One leaderboard per (base model, substrate), sorted by K-Score; never pooled across substrates."""
+    tables = []
+    for (base_model, substrate), group in _grouped(comparison.rows, lambda r: (r.key.base_model, r.key.substrate)):
+        tables.append(
+            Table(
+                title=f"{base_model} · {substrate}",
+                columns=LEADERBOARD_COLUMNS,
+                rows=tuple(_leaderboard_row(r) for r in leaderboard_order(group)),
+                note="OR, CER and degeneration pool the seeds listed; CER is on the forget split. "
+                "p: paired McNemar against the baseline on forget; p_adj: Benjamini–Hochberg within "
+                "the forget (p_adj retain: retain) family of every method row in this report.",
+            )
+        )
+    return tables
+
+
+def verdict_matrix(comparison: Comparison) -> Table:
+    """Method × (base model, substrate) → verdict: the shape of the paper's Table 7."""
+    columns = sorted({(r.key.base_model, r.key.substrate_label) for r in comparison.rows})
+    methods = sorted({r.key.method for r in comparison.rows}, key=lambda m: (m != "none", m))
+    cells = {(r.key.method, r.key.base_model, r.key.substrate_label): shown_verdict(r) for r in comparison.rows}
+    return Table(
+        title="Verdict matrix",
+        columns=("Method", *(f"{bm} · {label}" for bm, label in columns)),
+        rows=tuple((m, *(cells.get((m, *c), "") for c in columns)) for m in methods),
+        note="Blank: the cell was not run (or has no baseline, see Missing baselines).",
+    )
+
+
+def _flip_count(results: Sequence[RowResult]) -> str:
+    tested = [r for r in results if r.by_budget]
+    return f"{sum(r.flips for r in tested)} / {len(tested)}" if tested else MISSING
+
+
+def attacker_budget_table(comparison: Comparison) -> Table:
+    """Baseline forget OR under A1..A5 per substrate and how many verdicts flip from A1 to A5."""
+    rows = []
+    for (base_model, label), group in _grouped(comparison.rows, lambda r: (r.key.base_model, r.key.substrate_label)):
+        for baseline in (r for r in group if r.key.is_baseline):
+            rows.append((
+                base_model,
+                label,
+                *(fmt_rate(baseline.forget.attacker_budget[b]) for b in ATTACKER_BUDGETS),
+                _flip_count(group),
+                fmt_runs(baseline.run_ids),
+            ))
+    budgets = " ⊂ ".join(f"{b} {{{', '.join(ch)}}}" for b, ch in ATTACKER_BUDGETS.items() if b != "A5")
+    return Table(
+        title="Attacker budgets: baseline OR (forget)",
+        columns=("Base model", "Substrate", *ATTACKER_BUDGETS, "Verdict flips A1→A5", "Baseline runs"),
+        rows=tuple(rows),
+        note=f"{budgets} ⊂ A5 (all six channels). Flips: method rows of the substrate whose verdict "
+        "under A1 differs from the verdict under A5.",
+    )
+
+
+def budget_verdict_table(comparison: Comparison) -> Table:
+    """Each method row's verdict under every attacker budget."""
+    rows = [
+        (
+            r.key.base_model, r.key.substrate_label, r.key.method,
+            *(r.by_budget[b].verdict for b in ATTACKER_BUDGETS),
+            fmt_flag(r.flips, "flips", ""),
+        )
+        for r in sorted(comparison.rows, key=lambda r: r.key)
+        if r.by_budget
+    ]
+    return Table(
+        title="Verdicts by attacker budget",
+        columns=("Base model", "Substrate", "Method", *ATTACKER_BUDGETS, "A1→A5"),
+        rows=tuple(rows),
+        note="Each budget's McNemar tests form their own Benjamini–Hochberg family.",
+    )
+
+
+def _seed_tv(pattern: SubstratePattern) -> str:
+    """Mean TV between the baseline's per-seed share vectors (τ's ingredient for this substrate)."""
+    mean = tau_threshold({pattern.key.substrate_label: pattern.seed_shares}, 1.0)
+    return fmt_rate(mean)
+
+
+def leak_pattern_table(patterns: LeakPatterns) -> Table:
+    rows = tuple(
+        (
+            s.key.substrate_label,
+            *_cer_cells(s.metrics),
+            fmt_rate(s.metrics.or_all),
+            ", ".join(f"{c} {fmt_rate(v)}" for c, v in (s.metrics.shares or {}).items() if v) or MISSING,
+            _seed_tv(s),
+            "invalid" if s.invalid else "valid",
+            fmt_runs(s.run_ids),
+        )
+        for s in patterns.substrates
+    )
+    return Table(
+        title=f"Baseline leak pattern · {patterns.base_model}",
+        columns=("Substrate", *(f"CER {c}" for c in CHANNELS), "OR(all)", "Shares", "Between-seed TV", "Baseline", "Runs"),
+        rows=rows,
+        note="The `none` method on the forget split, seeds pooled; between-seed TV: mean TV between "
+        "the share vectors of different seeds (needs two seeds that leaked).",
+    )
+
+
+def separation_table(patterns: LeakPatterns, tau_factor: float) -> Table:
+    tau = patterns.tau
+    rows = tuple(
+        (
+            pair.first,
+            pair.second,
+            fmt_rate(pair.tv),
+            fmt_rate(tau),
+            fmt_flag(None if tau is None else pair.separated),
+            "exempt" if pair.exempt else "",
+        )
+        for pair in patterns.pairs
+    )
+    notes = [
+        f"τ = {tau_factor:g} × the largest between-seed TV of a baseline"
+        + ("" if tau is not None else ": undefined here, since no substrate has two seeds that leaked")
+        + ". Hypothesis (SPEC §9): every non-exempt pair has TV > τ; "
+        + {True: "it holds.", False: "it does not hold.", None: "not judged."}[patterns.hypothesis_holds]
+    ]
+    if patterns.no_leak:
+        notes.append(f"No leak at all, so no share vector: {', '.join(patterns.no_leak)}.")
+    return Table(
+        title=f"Substrate separation · {patterns.base_model}",
+        columns=("Substrate A", "Substrate B", "TV", "τ", "TV > τ", "Exempt"),
+        rows=rows,
+        note=" ".join(notes),
+    )
+
+
+def sensitivity_table(comparison: Comparison) -> Table:
+    s = comparison.sensitivity
+    rows = tuple(
+        (
+            e.factor,
+            str(e.levels),
+            MISSING if e.eta_squared is None else f"{e.eta_squared:.3f}",
+            "" if e.eta_squared is not None else "constant: omitted",
+        )
+        for e in s.effects
+    )
+    return Table(
+        title="η² sensitivity of K-Score",
+        columns=("Factor", "Levels", "η²", ""),
+        rows=rows,
+        note=f"{s.observations} K-Scores, one per (row, seed), TC and invalid-baseline rows left out. "
+        "η² = type-II SS of the factor in a main-effects ANOVA / total SS. The scoring rule is "
+        "the one of params.scoring for every run of a report.",
+    )
+
+
+def _control_row(c: ControlResult) -> tuple[str, ...]:
+    return (
+        c.key.base_model,
+        c.key.substrate,
+        c.key.method,
+        fmt_rate(c.forget.or_all),
+        fmt_rate(c.retain.or_all),
+        fmt_rate(c.forget.degeneration),
+        fmt_rate(c.baseline_forget.or_all if c.baseline_forget else None),
+        fmt_rate(c.baseline_retain.or_all if c.baseline_retain else None),
+        fmt_rate(c.baseline_forget.degeneration if c.baseline_forget else None),
+        fmt_signed(c.delta_degeneration),
+        fmt_runs(c.run_ids),
+        fmt_runs(c.baseline_run_ids),
+    )
+
+
+def control_table(comparison: Comparison) -> Table:
+    return Table(
+        title="LoRA-D degeneration control",
+        columns=(
+            "Base model", "Substrate", "Method", "LoRA-D OR forget", "LoRA-D OR retain", "LoRA-D degen",
+            "Adapter-free OR forget", "Adapter-free OR retain", "Adapter-free degen", "Δdegen",
+            "LoRA-D runs", "Adapter-free runs",
+        ),
+        rows=tuple(_control_row(c) for c in comparison.controls),
+        note="A distractor-only adapter loaded with the substrate: what loading an adapter at all "
+        "does to the agent. No verdict.",
+    )
+
+
+def missing_baseline_table(comparison: Comparison) -> Table:
+    return Table(
+        title="Missing baselines",
+        columns=("Row", "Needs baseline", "Runs of the row"),
+        rows=tuple((str(m.key), str(m.expected), fmt_runs(m.run_ids)) for m in comparison.missing),
+        note="These rows have no verdict until a finished run of the baseline cell exists.",
+    )
