@@ -8,6 +8,7 @@ recomputed from the evidence MLflow holds, not from the metrics the cell logged.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -94,5 +95,7 @@ def load_cell_run(info: CellRunInfo, scratch: Path) -> CellRun:
 
 def collect_cells(experiment_id: str) -> list[CellRun]:
     """The latest finished run of every cell key in the experiment, with its trace records."""
+    # One progress bar per downloaded file would bury the stage's log; a user's setting wins.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory(prefix="kbench-compare-") as scratch:
         return [load_cell_run(info, Path(scratch)) for info in latest_per_key(search_cell_runs(experiment_id))]
