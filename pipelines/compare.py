@@ -1,0 +1,5 @@
+"""DVC stage `compare`: see `kbench compare --help`."""
+
+from kbench.cli import run_stage
+
+run_stage("compare")
