@@ -201,6 +201,17 @@ def test_missing_baselines_are_reported_and_rows_appear_once_they_exist(comparis
     assert row(with_baseline, "P", "ga", recipe="lora").verdict.verdict == "K-REF-inf"
 
 
+def test_recipe_factor_varies_only_with_a_variant_recipe():
+    # P's LoRA is its default recipe, as adapter-free is C's: the factor would restate the
+    # substrate. Only a merged-weight variant makes it vary.
+    p_lora = cell_run("none", "P", recipe="lora", forget={"answer": 20}, retain=BASELINE_RETAIN)
+    p_merged = cell_run("none", "P", recipe="merged", forget={"answer": 10, "clean": 10}, retain=BASELINE_RETAIN)
+    levels = {e.factor: e.levels for e in compare([*design(), p_lora]).sensitivity.effects}
+    assert (levels["substrate"], levels["recipe"]) == (3, 1)
+    effects = {e.factor: e for e in compare([*design(), p_lora, p_merged]).sensitivity.effects}
+    assert effects["recipe"].levels == 2 and effects["recipe"].eta_squared > 0
+
+
 def test_any_subset_of_cells_works():
     without_c_baseline = [c for c in design() if (c.substrate, c.method, c.recipe) != ("C", "none", "none")]
     result = compare(without_c_baseline)

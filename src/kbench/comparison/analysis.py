@@ -397,6 +397,16 @@ def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: Sc
     return patterns
 
 
+def _recipe_factor(key: RowKey) -> str:
+    """The injection recipe as a design factor: the substrate's default recipe, or the variant.
+
+    Each substrate has its own default (LoRA for P, none for the others), so the raw recipe
+    would only restate the substrate and the ANOVA could not tell the two apart; what varies
+    independently of the substrate is whether a variant (P merged) was used.
+    """
+    return "default" if key.recipe in DEFAULT_RECIPES else key.recipe
+
+
 def _seed_k_scores(rows: dict[RowKey, Row], results: list[RowResult], config: ScoringConfig) -> pd.DataFrame:
     """One K-Score per (row, seed) against the baseline of the same seed (NaN: TC or invalid).
 
@@ -418,7 +428,7 @@ def _seed_k_scores(rows: dict[RowKey, Row], results: list[RowResult], config: Sc
                 "substrate": result.key.substrate,
                 "base_model": result.key.base_model,
                 "seed": seed,
-                "recipe": result.key.recipe,
+                "recipe": _recipe_factor(result.key),
                 "scoring_rule": SCORING_RULE,
                 "k_score": math.nan if verdict.k_score is None else verdict.k_score,
             })
