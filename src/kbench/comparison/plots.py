@@ -131,9 +131,10 @@ def selectivity_figure(frame: pd.DataFrame, d1_tolerance: float) -> plt.Figure:
     ax.axhline(0, color="0.5", linewidth=0.8)
     for substrate, part in frame.groupby("substrate", sort=True):
         ax.scatter(part["or_forget"], part["delta_sel"], label=substrate, s=36)
-        # Methods at the same point share one label instead of overprinting each other.
-        for (x, y), same in part.groupby(["or_forget", "delta_sel"]):
-            ax.annotate(", ".join(same["method"]), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    # Rows at the same point share one label instead of overprinting each other.
+    for (x, y), same in frame.groupby(["or_forget", "delta_sel"]):
+        names = (f"{m} ({s})" for m, s in zip(same["method"], same["substrate"]))
+        ax.annotate("\n".join(names), (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     if frame.empty:
         ax.text(0.5, 0.75, "no method rows yet", ha="center", transform=ax.transAxes, color="0.4")
     ax.set_xlim(-0.02, 1.02)
