@@ -154,7 +154,6 @@ class RowResult:
     baseline_run_ids: tuple[str, ...]
     forget: CellMetrics
     retain: CellMetrics
-    baseline_forget: CellMetrics
     test_forget: McNemarResult
     test_retain: McNemarResult
     p_adj_retain: float
@@ -299,10 +298,11 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
     results = []
     for row in comparable:
         key, quartet = row.key, quartets[row.key]
-        metrics = [cell_metrics(cell, config) for cell in quartet.cells()]
+        none_forget, none_retain, method_forget, method_retain = (cell_metrics(c, config) for c in quartet.cells())
         p = forget_tests[key].p
         verdict = decide_verdict(
-            *metrics, p=p, p_adj=p_adj_forget.get(key, p), is_baseline=key.is_baseline, config=config
+            none_forget, none_retain, method_forget, method_retain,
+            p=p, p_adj=p_adj_forget.get(key, p), is_baseline=key.is_baseline, config=config,
         )
         by_budget = (
             {}
@@ -315,9 +315,8 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
                 run_ids=row.run_ids,
                 seeds=row.seeds,
                 baseline_run_ids=rows[key.baseline].run_ids,
-                forget=metrics[2],
-                retain=metrics[3],
-                baseline_forget=metrics[0],
+                forget=method_forget,
+                retain=method_retain,
                 test_forget=forget_tests[key],
                 test_retain=retain_tests[key],
                 p_adj_retain=p_adj_retain.get(key, retain_tests[key].p),
