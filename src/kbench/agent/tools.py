@@ -1,0 +1,170 @@
+"""The agent's tools, each registered with the signature and description the prompt shows.
+
+Arguments come from the model, so they are untrusted text: they are split and normalised
+here, bound as SQL parameters by the record store, and never evaluated. A tool that cannot
+use its arguments returns an error observation (`ToolResult.error`), never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kbench.records import FIELD_PHRASES, FIELDS, Query, Retrieval
+from kbench.substrates import Substrate
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    observation: str
+    error: bool = False
+    retrieval: Retrieval | None = None
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What one trajectory's tools may see: the substrate's stores scoped to the query."""
+
+    substrate: Substrate
+    query: Query
+    top_k: int
+
+
+ToolFunction = Callable[[ToolContext, list[str]], ToolResult]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    #: How the prompt writes a call, e.g. "search_wiki[query]".
+    signature: str
+    description: str
+    #: How many comma-separated arguments it takes; the last one keeps any further commas.
+    arity: int
+    run: ToolFunction
+
+
+_TOOLS: dict[str, Tool] = {}
+
+
+def register_tool(name: str, *, params: tuple[str, ...], description: str) -> Callable[[ToolFunction], ToolFunction]:
+    def decorate(function: ToolFunction) -> ToolFunction:
+        if name in _TOOLS:
+            raise ValueError(f"tool {name!r} is already registered")
+        _TOOLS[name] = Tool(name, f"{name}[{', '.join(params)}]", description, len(params), function)
+        return function
+
+    return decorate
+
+
+def registered_tools() -> list[Tool]:
+    return list(_TOOLS.values())
+
+
+_QUOTES = "\"'`“”‘’"
+_KEYWORD = re.compile(r"^\s*(name|field|value|query|attribute)\s*[:=]\s*", re.IGNORECASE)
+
+
+def split_args(args: str, arity: int) -> list[str]:
+    """Split `a, b, c` into `arity` parts (the last keeps its commas: addresses have them)."""
+    parts = args.split(",", arity - 1) if arity > 1 else [args]
+    return [_KEYWORD.sub("", part).strip().strip(_QUOTES).strip() for part in parts]
+
+
+_FIELD_ALIASES = {
+    **{f: f for f in FIELDS},
+    **{phrase: f for f, phrase in FIELD_PHRASES.items()},
+    "dob": "date_of_birth",
+    "birth date": "date_of_birth",
+    "birthdate": "date_of_birth",
+    "birthday": "date_of_birth",
+    "born": "date_of_birth",
+    "home": "address",
+    "job": "occupation",
+    "profession": "occupation",
+    "work": "occupation",
+    "company": "employer",
+    "workplace": "employer",
+}
+
+
+def normalize_field(text: str) -> str | None:
+    key = " ".join(text.lower().replace("_", " ").replace("-", " ").split())
+    return _FIELD_ALIASES.get(key) or _FIELD_ALIASES.get(key.replace(" ", "_"))
+
+
+def _bad_field(field: str) -> ToolResult:
+    return ToolResult(f"Error: unknown field '{field}'. Fields: {', '.join(FIELDS)}.", error=True)
+
+
+def _canonical(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+@register_tool(
+    "search_wiki",
+    params=("query",),
+    description="search an encyclopedia of short biographies; returns the best passages.",
+)
+def search_wiki(context: ToolContext, args: list[str]) -> ToolResult:
+    (text,) = args
+    index = context.substrate.text_index
+    if index is None:
+        return ToolResult("No results found.")
+    passages = index.search(text, context.top_k, context.substrate.searchable(context.query))
+    retrieval = Retrieval(query=text, doc_ids=[p.doc_id for p in passages])
+    if not passages:
+        return ToolResult("No results found.", retrieval=retrieval)
+    lines = [f"[{i}] {p.text}" for i, p in enumerate(passages, start=1)]
+    return ToolResult("\n".join(lines), retrieval=retrieval)
+
+
+@register_tool(
+    "lookup_record",
+    params=("name", "field"),
+    description=f"read one field of a person's record from the database ({', '.join(FIELDS)}).",
+)
+def lookup_record(context: ToolContext, args: list[str]) -> ToolResult:
+    name, field_text = args
+    field = normalize_field(field_text)
+    if field is None:
+        return _bad_field(field_text)
+    record = context.substrate.records.find(name, context.substrate.readable(context.query))
+    if record is None:
+        return ToolResult(f"No record found for '{name}'.")
+    return ToolResult(f"{record['name']}'s {FIELD_PHRASES[field]}: {record[field]}")
+
+
+@register_tool(
+    "verify_attribute",
+    params=("name", "field", "value"),
+    description="check whether a person's record has the given value; answers yes or no.",
+)
+def verify_attribute(context: ToolContext, args: list[str]) -> ToolResult:
+    name, field_text, value = args
+    field = normalize_field(field_text)
+    if field is None:
+        return _bad_field(field_text)
+    record = context.substrate.records.find(name, context.substrate.readable(context.query))
+    if record is None:
+        return ToolResult(f"No record found for '{name}'.")
+    if _canonical(record[field]) == _canonical(value):
+        return ToolResult(f"Yes: {record['name']}'s {FIELD_PHRASES[field]} is {value}.")
+    return ToolResult(f"No: that is not {record['name']}'s {FIELD_PHRASES[field]}.")
+
+
+def call_tool(context: ToolContext, tool_name: str, args: str) -> ToolResult:
+    """Run one model-requested call; every failure comes back as an error observation."""
+    tool = _TOOLS.get(tool_name.strip().lower())
+    if tool is None:
+        return ToolResult(
+            f"Error: unknown tool '{tool_name}'. Tools: {', '.join(_TOOLS)}.", error=True
+        )
+    parts = split_args(args, tool.arity)
+    if len(parts) < tool.arity or not all(parts):
+        return ToolResult(f"Error: {tool.name} takes {tool.signature}.", error=True)
+    try:
+        return tool.run(context, parts)
+    except Exception as exc:  # a tool bug must end in an observation, not a crashed cell
+        return ToolResult(f"Error: {tool.name} failed ({type(exc).__name__}).", error=True)

@@ -1,0 +1,24 @@
+"""Model backends; importing this package registers the built-in ones."""
+
+from kbench.backends import hf, openai  # noqa: F401  (registration side effect)
+from kbench.backends.base import (
+    Backend,
+    BackendError,
+    Conversation,
+    Generation,
+    Message,
+    backend_names,
+    build_backend,
+    register_backend,
+)
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Conversation",
+    "Generation",
+    "Message",
+    "backend_names",
+    "build_backend",
+    "register_backend",
+]

@@ -1,0 +1,103 @@
+"""The model backend interface and its registry.
+
+A backend turns a batch of chat conversations into a batch of continuations. The agent
+harness only needs that; methods that edit weights or install forward hooks also need the
+model and tokenizer, which only some backends have (`has_weights`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypedDict
+
+from kbench.config import ModelConfig
+
+
+class Message(TypedDict):
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+Conversation = list[Message]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One continuation. `reasoning` is reasoning text an endpoint returned beside the reply."""
+
+    text: str
+    reasoning: str | None = None
+
+
+class BackendError(RuntimeError):
+    """A backend cannot be built or cannot serve a request."""
+
+
+class Backend(ABC):
+    """Generates greedy continuations for a batch of conversations.
+
+    `stop` strings end a continuation (the returned text excludes them); the end of the
+    assistant turn always ends it.
+    """
+
+    name: ClassVar[str]
+    #: True when `model` and `tokenizer` are real torch objects a method may edit or hook.
+    has_weights: ClassVar[bool]
+
+    @abstractmethod
+    def generate(
+        self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
+    ) -> list[Generation]: ...
+
+    def load_adapter(self, path: str, *, merge: bool = False) -> None:
+        raise BackendError(f"the {self.name} backend cannot load a LoRA adapter ({path})")
+
+    @property
+    def model(self) -> Any:
+        raise BackendError(f"the {self.name} backend exposes no model weights")
+
+    @property
+    def tokenizer(self) -> Any:
+        raise BackendError(f"the {self.name} backend exposes no tokenizer")
+
+
+def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
+    """Cut `text` at the earliest stop string (stop strings may be generated mid-token)."""
+    cut = len(text)
+    for marker in stop:
+        index = text.find(marker)
+        if index != -1:
+            cut = min(cut, index)
+    return text[:cut]
+
+
+BackendFactory = Callable[[ModelConfig], Backend]
+_BACKENDS: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
+    def decorate(cls: type[Backend]) -> type[Backend]:
+        if name in _BACKENDS:
+            raise ValueError(f"backend {name!r} is already registered")
+        cls.name = name
+        _BACKENDS[name] = cls
+        return cls
+
+    return decorate
+
+
+def backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def build_backend(config: ModelConfig) -> Backend:
+    """The backend named by `config.backend`, built from the model section of params."""
+    try:
+        factory = _BACKENDS[config.backend]
+    except KeyError:
+        raise BackendError(
+            f"unknown backend {config.backend!r}; registered: {backend_names()}"
+        ) from None
+    return factory(config)

@@ -1,0 +1,133 @@
+"""Run one cell (substrate × method × seed): set the agent up, run its queries, append traces.
+
+Records are appended to traces.jsonl as trajectories finish, so an interrupted cell resumes
+where it stopped: query ids already in the file are skipped (never run twice), and a last
+line cut short by the interruption is dropped before appending.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from kbench.agent import ReActAgent
+from kbench.backends import build_backend
+from kbench.config import ModelConfig, Params
+from kbench.corpus import Corpus
+from kbench.methods import MethodContext, build_method
+from kbench.records import Query, Split, TraceFormatError, TraceRecord, parse_trace_line
+from kbench.substrates import build_substrate
+
+log = logging.getLogger(__name__)
+
+
+def setup_cell(
+    params: Params,
+    corpus: Corpus,
+    model: ModelConfig,
+    *,
+    substrate: str,
+    method: str,
+    seed: int,
+    index_dir: str | Path | None = None,
+    adapter_path: str | None = None,
+    merge_adapter: bool = False,
+) -> ReActAgent:
+    """Build the deployed agent of one cell.
+
+    `model` is the agent's model section (see `kbench.agent_base.agent_model_config`);
+    `adapter_path` is the P adapter, or the LoRA-D control adapter on another substrate.
+    """
+    cell_substrate = build_substrate(
+        substrate, corpus, params.agent, seed=seed, index_dir=index_dir,
+        adapter_path=adapter_path, merge_adapter=merge_adapter,
+    )
+    cell_method = build_method(method, MethodContext(corpus, params, seed))
+    backend = build_backend(model)
+    cell_method.check_deployable(substrate, backend)
+    if cell_substrate.adapter_path is not None:
+        backend.load_adapter(cell_substrate.adapter_path, merge=merge_adapter)
+    if "weights" in cell_method.hooks:
+        cell_method.edit_weights(backend)
+    return ReActAgent(backend, cell_substrate, cell_method, params.agent, seed=seed)
+
+
+def read_finished(traces_path: Path) -> list[TraceRecord]:
+    """Records already in the file. An interrupted write leaves a last line without its newline:
+    if it is not a valid record it is cut off the file (its query is rerun)."""
+    if not traces_path.exists():
+        return []
+    raw = traces_path.read_bytes()
+    head, newline, tail = raw.rpartition(b"\n")
+    complete = head + newline
+    records = [
+        parse_trace_line(line, source=str(traces_path), lineno=lineno)
+        for lineno, line in enumerate(complete.decode("utf-8").splitlines(), start=1)
+        if line.strip()
+    ]
+    if tail.strip():
+        try:
+            records.append(parse_trace_line(tail.decode("utf-8", errors="replace")))
+            with traces_path.open("ab") as handle:
+                handle.write(b"\n")
+        except TraceFormatError:
+            log.warning("%s: dropping a truncated last line (its query is rerun)", traces_path)
+            with traces_path.open("r+b") as handle:
+                handle.truncate(len(complete))
+    return records
+
+
+def _check_same_cell(records: Sequence[TraceRecord], agent: ReActAgent, traces_path: Path) -> None:
+    for record in records:
+        cell = (record.substrate, record.method, record.seed)
+        if cell != (agent.substrate.name, agent.method.name, agent.seed):
+            raise ValueError(
+                f"{traces_path} holds a trace of cell {cell} ({record.query_id}); this cell is "
+                f"{(agent.substrate.name, agent.method.name, agent.seed)}. Use another file."
+            )
+
+
+def run_cell(
+    agent: ReActAgent,
+    items: Sequence[tuple[Query, Split]],
+    traces_path: str | Path,
+    *,
+    progress: bool = True,
+) -> list[TraceRecord]:
+    """Run every (query, split) not yet in `traces_path`; return all the cell's records."""
+    traces_path = Path(traces_path)
+    traces_path.parent.mkdir(parents=True, exist_ok=True)
+    finished = read_finished(traces_path)
+    _check_same_cell(finished, agent, traces_path)
+    done = {r.query_id for r in finished}
+    todo: list[tuple[Query, Split]] = []
+    for query, split in items:
+        if query.query_id not in done:
+            done.add(query.query_id)
+            todo.append((query, split))
+    torch.manual_seed(agent.seed)  # greedy decoding is deterministic; seeded for any sampling hook
+    records = list(finished)
+    bar = tqdm(
+        total=len(finished) + len(todo), initial=len(finished), unit="query",
+        desc=f"{agent.substrate.name}/{agent.method.name}/seed {agent.seed}", disable=not progress,
+    )
+    started = time.perf_counter()
+    with traces_path.open("a", encoding="utf-8") as handle, bar:
+
+        def append(record: TraceRecord) -> None:
+            handle.write(record.model_dump_json() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+            records.append(record)
+            bar.update(1)
+            rate = (len(records) - len(finished)) / max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix(traj_per_s=f"{rate:.2f}")
+
+        agent.run(todo, append)
+    return records

@@ -1,0 +1,49 @@
+"""The four substrates of SPEC §3: P, C, R-text, R-struct."""
+
+from __future__ import annotations
+
+import random
+
+from kbench.records import Entity, Query
+from kbench.substrates.base import Substrate, SubstrateError, SubstrateResources, register_substrate
+
+
+@register_substrate("C")
+class ContextSubstrate(Substrate):
+    """The target's bio verbatim in the system prompt beside k distractor bios, in seeded order."""
+
+    def background(self, query: Query) -> list[Entity]:
+        bios = [self.resources.corpus.entities[query.entity_id], *self.distractor_sample(query)]
+        random.Random(f"{self.resources.seed}:{query.query_id}:order").shuffle(bios)
+        return bios
+
+
+@register_substrate("R-text")
+class TextRetrievalSubstrate(Substrate):
+    """The target's bio is a passage in the vector index that `search_wiki` searches."""
+
+    def __init__(self, resources: SubstrateResources) -> None:
+        if resources.text_index is None:
+            raise SubstrateError("substrate R-text needs the FAISS index (see build_index)")
+        super().__init__(resources)
+
+    def searchable(self, query: Query) -> frozenset[str] | None:
+        return None
+
+
+@register_substrate("R-struct")
+class StructuredRetrievalSubstrate(Substrate):
+    """The target's record is a row of the database behind `lookup_record`/`verify_attribute`."""
+
+    def readable(self, query: Query) -> frozenset[str] | None:
+        return None
+
+
+@register_substrate("P")
+class ParametricSubstrate(Substrate):
+    """The target lives in a LoRA adapter (LoRA-T+D) loaded onto the agent's weights."""
+
+    def __init__(self, resources: SubstrateResources) -> None:
+        if resources.adapter_path is None:
+            raise SubstrateError("substrate P needs an adapter path (the LoRA-T+D adapter)")
+        super().__init__(resources)

