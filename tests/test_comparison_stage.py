@@ -120,6 +120,13 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     assert only["key"]["substrate"] == "R-struct" and only["run_ids"] != [synced_run]
     assert mlflow.get_run(only["run_ids"][0]).info.experiment_id == mlflow.get_experiment_by_name("other").experiment_id
 
+    # A cell run without its trace records is an error that names the run, never a silent gap.
+    other = params.model_copy(update={"tracking": params.tracking.model_copy(update={"experiment": "other"})})
+    with tracking.start_run(other, "cell", _key(synced), tags=_tags(synced)) as empty_run:  # a re-run
+        pass
+    with pytest.raises(ValueError, match=f"{empty_run.info.run_id} .* has no artifact output/traces.jsonl"):
+        run_compare(other, kbench_root / "broken")
+
 
 def test_report_renders_in_headless_chromium(tmp_path):
     assert CHROMIUM.exists(), "the HTML test needs Debian's chromium (apt-get install chromium)"

@@ -77,11 +77,15 @@ def _cell_fields(info: CellRunInfo) -> dict[str, str | int]:
 def load_cell_run(info: CellRunInfo, scratch: Path) -> CellRun:
     """Download a run's trace records and check they belong to the cell its tags name."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     fields = _cell_fields(info)
-    path = mlflow.artifacts.download_artifacts(
-        run_id=info.run_id, artifact_path=TRACES_ARTIFACT, dst_path=str(scratch / info.run_id)
-    )
+    try:
+        path = mlflow.artifacts.download_artifacts(
+            run_id=info.run_id, artifact_path=TRACES_ARTIFACT, dst_path=str(scratch / info.run_id)
+        )
+    except MlflowException as exc:
+        raise ValueError(f"cell run {info.run_id} ({info.key}) has no artifact {TRACES_ARTIFACT}: {exc}") from None
     records = tuple(read_traces([path]))
     for record in records:
         found = (record.substrate, record.method, record.seed)
