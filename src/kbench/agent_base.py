@@ -1,0 +1,289 @@
+"""The agent-base stage: LoRA-tune a small base model into a ReAct agent, then merge it.
+
+SmolLM2-135M-Instruct answers in prose and ignores the ReAct format zero-shot. A few dozen
+LoRA steps on scripted ReAct transcripts fix that. The transcripts are about people drawn
+from another Faker seed than the corpus, and a name shared with the corpus is rejected, so
+the agent base learns the protocol and never a corpus secret. Observations in the
+transcripts come from the real tools over stores of those people, so the format the agent
+learns is the format it meets in cells. Models that already follow ReAct switch the stage
+off (`agent_base.enabled: false`); cells then use `model.path` as is.
+
+The scripted policy: when the Background states the answer, answer directly; otherwise
+search the wiki, and if no passage is about the person, look the record up (sometimes
+verifying the value); if nothing has it, say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kbench.agent import ReActAgent, Trajectory
+from kbench.agent.prompts import observation_turn, react_conversation
+from kbench.agent.tools import ToolContext, call_tool
+from kbench.backends import Conversation, Message, build_backend
+from kbench.config import AgentBaseConfig, ModelConfig, Params
+from kbench.corpus import Corpus, make_entities
+from kbench.matcher import match
+from kbench.methods import MethodContext, build_method
+from kbench.records import FIELD_PHRASES, FIELDS, Entity, Query
+from kbench.substrates import Substrate, build_index, build_substrate, index_entities
+
+log = logging.getLogger(__name__)
+
+OUT_OF_CORPUS_PREFIX = "oop"
+#: Out-of-corpus people who are never asked about: the distractors of the stand-in stores.
+N_DISTRACTORS = 12
+#: The substrates a transcript can be written for; P is left out because no store answers there.
+TRAINING_SUBSTRATES = ("C", "R-text", "R-struct")
+
+
+class AgentBaseError(ValueError):
+    """The agent base cannot be trained as configured."""
+
+
+def agent_model_config(params: Params) -> ModelConfig:
+    """The model section every cell uses: the merged agent base when the stage is on."""
+    if not params.agent_base.enabled:
+        return params.model
+    if params.model.backend != "hf":
+        raise AgentBaseError(
+            "agent_base.enabled needs model.backend: hf (an endpoint's weights cannot be tuned); "
+            "set agent_base.enabled: false for a served model"
+        )
+    return params.model.model_copy(update={"path": params.agent_base.out_dir})
+
+
+def out_of_corpus_people(corpus: Corpus, config: AgentBaseConfig) -> list[Entity]:
+    """Train, held-out and distractor people (in that order) from another Faker seed, none
+    sharing a name with the corpus."""
+    corpus_names = {e.name for e in corpus.entities.values()}
+    n = config.n_train_people + config.n_heldout_people + N_DISTRACTORS
+    people = make_entities(n, config.faker_seed, prefix=OUT_OF_CORPUS_PREFIX, taken_names=corpus_names)
+    clashes = corpus_names & {p.name for p in people}
+    if clashes:
+        raise AgentBaseError(f"out-of-corpus people share names with the corpus: {sorted(clashes)[:3]}")
+    return people
+
+
+def world_of(targets: list[Entity], distractors: list[Entity]) -> Corpus:
+    """A stand-in corpus over out-of-corpus people, laid out like the real one."""
+    target_ids, distractor_ids = [p.id for p in targets], [p.id for p in distractors]
+    pools = {"forget_adapter": [], "forget_eval": target_ids, "retain_adapter": distractor_ids, "retain_eval": []}
+    return Corpus(entities={p.id: p for p in [*targets, *distractors]}, pools=pools,
+                  distractor_ids=distractor_ids, source="agent-base")
+
+
+@dataclass(frozen=True)
+class ScriptedStep:
+    thought: str
+    action: tuple[str, str] | None = None  # (tool, args)
+    answer: str | None = None
+
+    def text(self) -> str:
+        if self.action is not None:
+            return f"Thought: {self.thought}\nAction: {self.action[0]}[{self.action[1]}]"
+        return f"Thought: {self.thought}\nFinal Answer: {self.answer}"
+
+
+def scripted_transcript(substrate: Substrate, query: Query, rng: random.Random, max_iters: int) -> Conversation:
+    """The conversation an ideal agent has for `query` on `substrate`, observations from real tools."""
+    entity = substrate.resources.corpus.entities[query.entity_id]
+    phrase = FIELD_PHRASES[query.field]
+    bios = substrate.background(query)
+    conversation = react_conversation(query.question, bios, max_iters)
+    tools = ToolContext(substrate, query, substrate.resources.agent.retrieval_top_k)
+
+    def act(step: ScriptedStep) -> str:
+        conversation.append(Message(role="assistant", content=step.text()))
+        if step.action is None:
+            return ""
+        result = call_tool(tools, *step.action)
+        conversation.append(observation_turn(result.observation))
+        return result.observation
+
+    if any(b.id == entity.id for b in bios):
+        act(ScriptedStep(f"The Background states {entity.name}'s {phrase}.", answer=query.ground_truth))
+        return conversation
+    search = f"{entity.name} {phrase}" if rng.random() < 0.5 else entity.name
+    act(ScriptedStep(f"I need {entity.name}'s {phrase}. I will search the wiki.", ("search_wiki", search)))
+    if entity.name in conversation[-1]["content"]:
+        act(ScriptedStep(f"The passage about {entity.name} gives the {phrase}.", answer=query.ground_truth))
+        return conversation
+    found = act(ScriptedStep(
+        f"No passage is about {entity.name}. I will look up the record.",
+        ("lookup_record", f"{entity.name}, {query.field}"),
+    ))
+    if query.ground_truth not in found:
+        act(ScriptedStep(f"Neither the wiki nor the records have {entity.name}.",
+                         answer=f"I could not find {entity.name}'s {phrase}."))
+        return conversation
+    if rng.random() < 0.4:
+        act(ScriptedStep(
+            f"The record gives {query.ground_truth}. I will verify it.",
+            ("verify_attribute", f"{entity.name}, {query.field}, {query.ground_truth}"),
+        ))
+    act(ScriptedStep(f"The record gives {entity.name}'s {phrase}.", answer=query.ground_truth))
+    return conversation
+
+
+def _substrates(world: Corpus, params: Params, index_dir: Path, seed: int) -> dict[str, Substrate]:
+    return {
+        name: build_substrate(name, world, params.agent, seed=seed, index_dir=index_dir)
+        for name in TRAINING_SUBSTRATES
+    }
+
+
+def _queries(people: list[Entity], rng: random.Random, per_person: int) -> list[Query]:
+    return [Query.canonical(p, f) for p in people for f in rng.sample(FIELDS, per_person)]
+
+
+# -- training --------------------------------------------------------------------------------
+def _tokenize_transcript(tokenizer, conversation: Conversation, max_length: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels; only assistant turns (with their end-of-turn) are learned."""
+    text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    spans = []
+    for i, message in enumerate(conversation):
+        if message["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(conversation[:i], tokenize=False, add_generation_prompt=True)
+        through = tokenizer.apply_chat_template(conversation[: i + 1], tokenize=False)
+        if not text.startswith(before) or not text.startswith(through.rstrip()):
+            raise AgentBaseError("the chat template does not render conversations prefix by prefix")
+        spans.append((len(before), len(through.rstrip())))
+    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    ids = encoded["input_ids"][:max_length]
+    labels = [
+        token if any(start <= offset[0] < end for start, end in spans) else -100
+        for token, offset in zip(ids, encoded["offset_mapping"])
+    ]
+    return ids, labels
+
+
+def _assistant_loss(model, batch: list[tuple[list[int], list[int]]], pad: int, device) -> torch.Tensor:
+    """Next-token loss on assistant tokens only. Logits are computed just at the positions
+    that predict a learned token (`logits_to_keep` as indices): the full [batch, length,
+    vocab] logits of a 49k-token vocabulary would take gigabytes."""
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch], device=device)
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch], device=device)
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=device)
+    keep = torch.nonzero((labels[:, 1:] != -100).any(dim=0)).flatten()  # positions t predicting t+1
+    logits = model(input_ids=input_ids, attention_mask=mask, logits_to_keep=keep).logits
+    targets = labels[:, keep + 1]
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def _train_lora(model, tokenizer, examples: list[tuple[list[int], list[int]]], config: AgentBaseConfig, seed: int):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    lora = LoraConfig(
+        r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+        target_modules="all-linear", task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, lora)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
+    rng = random.Random(seed)
+    order: list[int] = []
+    losses = []
+    device = next(model.parameters()).device
+    for step in range(config.steps):
+        if len(order) < config.batch_size:
+            order += rng.sample(range(len(examples)), len(examples))
+        batch = [examples[i] for i in order[: config.batch_size]]
+        del order[: config.batch_size]
+        loss = _assistant_loss(model, batch, tokenizer.pad_token_id, device)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        log.info("agent base step %d/%d: loss %.4f", step + 1, config.steps, losses[-1])
+    model.eval()
+    return model.merge_and_unload(), losses
+
+
+# -- evaluation ------------------------------------------------------------------------------
+def evaluate_agent(model: ModelConfig, params: Params, world: Corpus, queries: list[Query],
+                   index_dir: Path, seed: int) -> dict[str, float]:
+    """Format compliance (halted with a final answer) and correctness on held-out people.
+
+    Each held-out query runs the real harness on one of C, R-text and R-struct in turn,
+    without the elicited summary (it does not bear on the format).
+    """
+    backend = build_backend(model)
+    method = build_method("none", MethodContext(world, params, seed))
+    substrates = _substrates(world, params, index_dir, seed)
+    trajectories: list[Trajectory] = []
+    for offset, name in enumerate(TRAINING_SUBSTRATES):
+        agent = ReActAgent(backend, substrates[name], method, params.agent, seed=seed)
+        active = [agent.start(q, "retain") for q in queries[offset :: len(TRAINING_SUBSTRATES)]]
+        trajectories += active
+        while active:
+            agent.step_batch(active)
+            active = [t for t in active if not t.done]
+    compliant = [t for t in trajectories if t.halted_reason == "final_answer"]
+    correct = [t for t in compliant if match(t.query.field, t.query.ground_truth, t.answer or "").leaked]
+    n = len(trajectories)
+    return {"format_compliance": len(compliant) / n, "correctness": len(correct) / n, "n_heldout": float(n)}
+
+
+def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dict[str, float]:
+    """The DVC stage: train, merge and save the agent base in `out_dir`; return metrics for MLflow."""
+    config = params.agent_base
+    if not config.enabled:
+        return {"enabled": 0.0}
+    if params.model.backend != "hf":
+        raise AgentBaseError("agent_base.enabled needs model.backend: hf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    rng = random.Random(config.faker_seed)
+    people = out_of_corpus_people(corpus, config)
+    n_train, n_heldout = config.n_train_people, config.n_heldout_people
+    train_people, heldout_people = people[:n_train], people[n_train : n_train + n_heldout]
+    distractors = people[n_train + n_heldout :]
+    with tempfile.TemporaryDirectory() as scratch:
+        train_index, heldout_index = Path(scratch, "train"), Path(scratch, "heldout")
+        train_world, heldout_world = world_of(train_people, distractors), world_of(heldout_people, distractors)
+        build_index(index_entities(train_world), train_index)
+        build_index(index_entities(heldout_world), heldout_index)
+        heldout_queries = _queries(heldout_people, rng, 1)
+        before = evaluate_agent(params.model, params, heldout_world, heldout_queries, heldout_index, config.faker_seed)
+
+        substrates = _substrates(train_world, params, train_index, config.faker_seed)
+        transcripts = [
+            scripted_transcript(substrates[name], query, rng, params.agent.max_iters)
+            for query in _queries(train_people, rng, 2)
+            for name in [rng.choice(TRAINING_SUBSTRATES)]
+        ]
+        tokenizer = AutoTokenizer.from_pretrained(params.model.path)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(params.model.path, dtype=torch.float32)
+        examples = [_tokenize_transcript(tokenizer, t, config.max_length) for t in transcripts]
+        merged, losses = _train_lora(model, tokenizer, examples, config, config.faker_seed)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        merged.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        after = evaluate_agent(
+            params.model.model_copy(update={"path": str(out_dir)}), params, heldout_world,
+            heldout_queries, heldout_index, config.faker_seed,
+        )
+    metrics = {
+        "enabled": 1.0,
+        "n_transcripts": float(len(transcripts)),
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "base_format_compliance": before["format_compliance"],
+        "base_correctness": before["correctness"],
+        **after,
+    }
+    log.info("agent base: %s", metrics)
+    return metrics

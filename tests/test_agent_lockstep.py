@@ -1,0 +1,44 @@
+"""Greedy lockstep batches give the same traces as one trajectory at a time, on the real default model."""
+
+import pytest
+
+from _agent_fixtures import DEFAULT_MODEL, params, small_corpus  # noqa: F401  (fixtures)
+from kbench.agent import ReActAgent
+from kbench.backends import build_backend
+from kbench.methods import MethodContext, build_method
+from kbench.substrates import build_index, build_substrate, index_entities
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="the default model folder is built by the models stage"),
+]
+
+
+@pytest.fixture(scope="module")
+def backend(params):  # noqa: F811
+    """The agent base when it was built (multi-step trajectories), else the raw default model."""
+    from kbench.agent_base import agent_model_config
+    from kbench.models import is_model_folder
+
+    model = agent_model_config(params)
+    if not is_model_folder(model.path):
+        model = params.model.model_copy(update={"path": str(DEFAULT_MODEL)})
+    return build_backend(model.model_copy(update={"device": "cpu", "dtype": "float32"}))
+
+
+@pytest.mark.parametrize("substrate", ["C", "R-text"])
+def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus, params, tmp_path):  # noqa: F811
+    index_dir = build_index(index_entities(small_corpus), tmp_path / "index")
+    items = [(q, "forget") for q in small_corpus.sample_queries("forget", 4, 1)]
+    traces = {}
+    for batch_size in (4, 1):
+        config = params.agent.model_copy(update={"batch_size": batch_size, "max_new_tokens": 48,
+                                                 "summary_max_new_tokens": 24, "max_iters": 3})
+        agent = ReActAgent(
+            backend, build_substrate(substrate, small_corpus, config, seed=0, index_dir=index_dir),
+            build_method("none", MethodContext(small_corpus, params, 0)), config, seed=0,
+        )
+        records = []
+        agent.run(items, records.append)
+        traces[batch_size] = sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
+    assert traces[4] == traces[1]

@@ -1,0 +1,102 @@
+"""The openai backend for real: `transformers serve` on 127.0.0.1 runs the default model."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from _agent_fixtures import params, small_corpus  # noqa: F401  (fixtures)
+from kbench.config import ModelConfig
+from kbench.methods import ALL_SUBSTRATES, Method, MethodError, register_method, unregister_method
+from kbench.runner import run_cell, setup_cell
+
+pytestmark = pytest.mark.slow
+KEY_ENV = "KBENCH_TEST_OPENAI_KEY"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from kbench.models import ensure_default_model
+
+    folder = str(ensure_default_model(Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"))
+    cli = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
+    port = free_port()
+    process = subprocess.Popen(
+        [cli, "serve", folder, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"transformers serve exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("transformers serve did not come up within 180 s")
+            time.sleep(1)
+        yield ModelConfig(backend="openai", path=folder, base_url=f"{url}/v1", api_key_env=KEY_ENV,
+                          max_concurrent_requests=2)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(autouse=True)
+def api_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "not-needed-locally")
+
+
+def test_generates_a_batch_and_honours_stop_strings(server):
+    from kbench.backends import build_backend
+
+    backend = build_backend(server)
+    conversations = [
+        [{"role": "user", "content": "Say hello."}],
+        [{"role": "user", "content": "Write the word Observation: then the number 7."}],
+    ]
+    replies = backend.generate(conversations, stop=["Observation:"], max_new_tokens=16)
+    assert len(replies) == 2 and replies[0].text.strip()
+    assert all("Observation:" not in r.text for r in replies)
+    assert backend.has_weights is False
+
+
+def test_runs_a_cell(server, small_corpus, params, tmp_path):  # noqa: F811
+    small = params.model_copy(update={"agent": params.agent.model_copy(
+        update={"max_new_tokens": 24, "summary_max_new_tokens": 24, "max_iters": 2})})
+    agent = setup_cell(small, small_corpus, server, substrate="R-struct", method="none", seed=0)
+    items = [(q, "forget") for q in small_corpus.sample_queries("forget", 2, 0)]
+    records = run_cell(agent, items, tmp_path / "traces.jsonl", progress=False)
+    assert len(records) == 2 and all(r.raw_reply and r.summary for r in records)
+
+
+def test_methods_that_need_weights_are_refused(server, small_corpus, params):  # noqa: F811
+    @register_method("needs-weights", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+    class NeedsWeights(Method):
+        def forward_hooks(self, backend, queries):
+            raise AssertionError("never reached")
+
+    try:
+        with pytest.raises(MethodError, match="openai backend has none"):
+            setup_cell(params, small_corpus, server, substrate="R-struct", method="needs-weights", seed=0)
+    finally:
+        unregister_method("needs-weights")
