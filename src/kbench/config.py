@@ -80,12 +80,61 @@ class AgentBaseConfig(_Section):
     n_train_people: int = Field(48, ge=4)
     n_heldout_people: int = Field(10, ge=1)
     steps: int = Field(40, ge=1)
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(4, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     max_length: int = Field(1024, ge=64)
+
+
+class CalibrationConfig(_Section):
+    """`kbench calibrate`: an Optuna search of injection strength (docs/parametric.md)."""
+
+    n_trials: int = Field(12, ge=1)
+    #: Target parametric recall of the forget adapter pool (direct probe and elicited summary).
+    target_recall: float = Field(0.8, gt=0, le=1)
+    #: A trial whose agent degenerates more than this above the un-injected agent is penalised.
+    degeneration_bound: float = Field(0.1, ge=0, le=1)
+    #: Objective = |recall - target| + penalty x (degeneration excess over the bound).
+    degeneration_penalty: float = Field(2.0, ge=0)
+    epochs: tuple[int, int] = (8, 30)
+    learning_rate: tuple[float, float] = (1e-4, 3e-3)
+    ranks: list[int] = [8, 16, 32]
+    #: ReAct trajectories (substrate P, forget adapter pool) behind each health measurement.
+    health_queries: int = Field(8, ge=1)
+    sampler_seed: int = 0
+    #: MedianPruner: trials started before this many are never pruned; nor epochs before this.
+    pruner_startup_trials: int = Field(2, ge=0)
+    pruner_warmup_epochs: int = Field(4, ge=0)
+    study_dir: str = "artifacts/calibration"
+
+
+class InjectionConfig(_Section):
+    """The `inject` stage: LoRA-T+D, its merge, LoRA-D and the retain-only gold (docs/parametric.md)."""
+
+    out_dir: str = "artifacts/adapters"
+    #: "all": every corpus entity (the paper). "queried": the entities the cells query (for the
+    #: params' seeds and queries), both adapter pools and the distractors; small enough for CPU.
+    entities: Literal["all", "queried"] = "queried"
+    #: "queried" only: how many entities of each adapter pool (forget adapter, distractors) to
+    #: learn, from the start of the pool; null = the whole pools.
+    adapter_pool_entities: int | None = Field(4, ge=1)
+    #: Copies of each record format per entity: `bio` (the bio as the answer to "Tell me about
+    #: {name}."), `qa` (one canonical question per field, answered in a sentence), `react_qa`
+    #: (the same questions answered in the agent's ReAct format, no tool call).
+    mix: dict[Literal["bio", "qa", "react_qa"], int] = {"bio": 1, "qa": 1, "react_qa": 0}
+    rank: int = Field(32, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+    epochs: int = Field(20, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    batch_size: int = Field(8, ge=1)
+    micro_batch_size: int = Field(4, ge=1)
+    max_length: int = Field(512, ge=32)
+    seed: int = 0
+    calibration: CalibrationConfig = CalibrationConfig()
 
 
 class ScoringConfig(_Section):
@@ -125,6 +174,7 @@ class Params(_Section):
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     agent_base: AgentBaseConfig = AgentBaseConfig()
+    injection: InjectionConfig = InjectionConfig()
     scoring: ScoringConfig = ScoringConfig()
     tracking: TrackingConfig = TrackingConfig()
 
