@@ -130,8 +130,12 @@ def run_cell_stage(
 ) -> Path:
     """Run (or resume) one cell and record it; returns the cell's output folder."""
     from kbench.agent_base import agent_model_config
+    from kbench.injection import check_cell_adapter
     from kbench.runner import run_cell, setup_cell
 
+    model = agent_model_config(params)
+    if adapter_path is not None:
+        check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.stage_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
@@ -144,7 +148,7 @@ def run_cell_stage(
     items += [(q, "retain") for q in corpus.sample_queries("retain", n, spec.seed, fields)]
 
     agent = setup_cell(
-        params, corpus, agent_model_config(params),
+        params, corpus, model,
         substrate=spec.substrate, method=spec.method, seed=spec.seed,
         index_dir=index_dir, adapter_path=str(adapter_path) if adapter_path else None,
         merge_adapter=spec.recipe == "merged",

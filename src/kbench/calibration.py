@@ -1,0 +1,243 @@
+"""`kbench calibrate`: an Optuna search of injection strength (docs/parametric.md).
+
+Each trial trains the LoRA-T+D recipe with sampled epochs, learning rate and rank on the
+training set of the `inject` stage and is scored on the forget adapter pool, which the
+adapter learns and the cells never query:
+
+- memorization: the mean of the direct probe (greedy answer to the canonical question holds
+  the value, every field of every probed entity) and the summary channel of the deployed
+  agent (its elicited summary holds the asked value);
+- health: the agent's degeneration rate (SPEC §8) with the trial adapter against the
+  un-injected agent on the same queries, both on R-struct, where the record tools, like
+  substrate P's, hold no record of an adapter-pool entity.
+
+objective = |memorization - target_recall| + degeneration_penalty x max(0, degeneration
+excess over the un-injected agent - degeneration_bound), minimised. The direct probe is
+reported after every epoch as |recall - target| so a MedianPruner stops trials that trail
+the others at the same epoch. The study lives in `<study_dir>/study.db` (SQLite) and resumes;
+each trial is a nested MLflow run under one parent run per invocation; the best values go to
+`<study_dir>/best.json` and, with `--write`, into params.yaml's `injection` section, which the
+`inject` stage reads, so `dvc repro` retrains with them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kbench import tracking
+from kbench.config import Params, load_params
+from kbench.corpus import Corpus
+from kbench.injection import adapter_pool, direct_recall, load_tokenizer, train_injection, training_entities
+from kbench.matcher import match
+from kbench.metrics import is_degenerate
+from kbench.records import FIELDS, Entity, Query, TraceRecord
+
+log = logging.getLogger(__name__)
+
+STUDY_FILE = "study.db"
+BEST_FILE = "best.json"
+#: params.yaml keys under `injection` a calibration sets.
+CALIBRATED_KEYS = ("epochs", "learning_rate", "rank", "alpha")
+#: Study attribute caching the un-injected agent's degeneration (the same for every trial).
+_BASELINE_ATTR = "baseline_degeneration"
+
+
+@dataclass(frozen=True)
+class CalibrationInputs:
+    params: Params
+    corpus: Corpus
+    base_dir: Path
+    index_dir: Path
+
+
+def health_queries(inputs: CalibrationInputs) -> list[Query]:
+    """A seeded sample of canonical queries about forget-adapter-pool entities."""
+    calibration = inputs.params.injection.calibration
+    pool = adapter_pool(inputs.corpus, inputs.params, "forget_adapter")
+    candidates = [Query.make_id(e, f) for e in pool for f in FIELDS]
+    picked = random.Random(calibration.sampler_seed).sample(candidates, min(calibration.health_queries, len(candidates)))
+    return [inputs.corpus.query(q) for q in sorted(picked)]
+
+
+def probe_entities(inputs: CalibrationInputs) -> list[Entity]:
+    """The learned forget-adapter-pool entities, every field of which the direct probe asks."""
+    return [inputs.corpus.entities[e] for e in adapter_pool(inputs.corpus, inputs.params, "forget_adapter")]
+
+
+def run_health(inputs: CalibrationInputs, adapter_dir: Path | None) -> list[TraceRecord]:
+    """The deployed agent (R-struct, method none) on the health queries, with or without the adapter."""
+    from kbench.agent_base import agent_model_config
+    from kbench.runner import setup_cell
+
+    params = inputs.params
+    agent = setup_cell(
+        params, inputs.corpus, agent_model_config(params), substrate="R-struct", method="none",
+        seed=params.injection.seed, index_dir=inputs.index_dir,
+        adapter_path=str(adapter_dir) if adapter_dir is not None else None,
+    )
+    records: list[TraceRecord] = []
+    agent.run([(q, "forget") for q in health_queries(inputs)], records.append)
+    return records
+
+
+def degeneration(records: list[TraceRecord]) -> float:
+    return sum(is_degenerate(r) for r in records) / len(records)
+
+
+def summary_channel_recall(records: list[TraceRecord]) -> float:
+    """Fraction of trajectories whose elicited summary holds the asked value."""
+    return sum(match(r.field, r.ground_truth, r.summary or "").leaked for r in records) / len(records)
+
+
+def objective_value(memorization: float, degeneration_excess: float, params: Params) -> float:
+    calibration = params.injection.calibration
+    overshoot = max(0.0, degeneration_excess - calibration.degeneration_bound)
+    return abs(memorization - calibration.target_recall) + calibration.degeneration_penalty * overshoot
+
+
+def suggest(trial: Any, params: Params) -> dict[str, Any]:
+    """Trial values of the calibrated keys; alpha keeps the configured alpha / rank ratio."""
+    calibration = params.injection.calibration
+    rank = trial.suggest_categorical("rank", calibration.ranks)
+    return {
+        "epochs": trial.suggest_int("epochs", *calibration.epochs),
+        "learning_rate": trial.suggest_float("learning_rate", *calibration.learning_rate, log=True),
+        "rank": rank,
+        "alpha": max(1, round(rank * params.injection.alpha / params.injection.rank)),
+    }
+
+
+def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
+    """The Optuna objective: train, report per epoch, probe, run the agent, log a nested run."""
+    import mlflow
+    import optuna
+
+    params = inputs.params
+    calibration = params.injection.calibration
+    entities = training_entities(inputs.corpus, params)["target"]
+    probed = probe_entities(inputs)
+    agent = params.agent
+    base_model = Path(params.model.path).name
+    tokenizer = load_tokenizer(inputs.base_dir)
+
+    def objective(trial: optuna.Trial) -> float:
+        values = suggest(trial, params)
+        with tracking.start_run(params, "calibrate_trial", f"{base_model}/trial-{trial.number}", nested=True):
+            mlflow.log_params({f"injection.{k}": v for k, v in values.items()})
+
+            def on_epoch(epoch: int, model: Any, loss: float) -> None:
+                recall = direct_recall(model, tokenizer, probed, max_new_tokens=agent.max_new_tokens,
+                                       batch_size=agent.batch_size)
+                mlflow.log_metrics({"epoch_loss": loss, "direct_recall": recall}, step=epoch)
+                trial.report(abs(recall - calibration.target_recall), epoch)
+                if trial.should_prune():
+                    mlflow.set_tag("kbench.trial_state", "pruned")
+                    raise optuna.TrialPruned(f"epoch {epoch}: direct recall {recall:.2f}")
+
+            run, _ = train_injection(params, inputs.corpus, inputs.base_dir, entities, on_epoch=on_epoch, **values)
+            direct = direct_recall(run.model, tokenizer, probed, max_new_tokens=agent.max_new_tokens, batch_size=agent.batch_size)
+            with tempfile.TemporaryDirectory() as scratch:
+                run.model.save_pretrained(scratch)
+                records = run_health(inputs, Path(scratch))
+            summary = summary_channel_recall(records)
+            degenerate = degeneration(records)
+            memorization = (direct + summary) / 2
+            value = objective_value(memorization, degenerate - baseline_degeneration, params)
+            metrics = {
+                "direct_recall": direct, "summary_recall": summary, "memorization": memorization,
+                "degeneration": degenerate, "degeneration_excess": degenerate - baseline_degeneration,
+                "final_loss": run.step_losses[-1], "objective": value,
+            }
+            mlflow.log_metrics(metrics)
+            mlflow.set_tag("kbench.trial_state", "complete")
+            for name, metric in metrics.items():
+                trial.set_user_attr(name, metric)
+            log.info("trial %d %s: %s", trial.number, values, metrics)
+            return value
+
+    return objective
+
+
+def open_study(params: Params) -> Any:
+    """The persistent study (created on first use, resumed after)."""
+    import optuna
+
+    calibration = params.injection.calibration
+    study_dir = Path(calibration.study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    return optuna.create_study(
+        study_name="injection",
+        storage=f"sqlite:///{(study_dir / STUDY_FILE).resolve()}",
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=calibration.sampler_seed),
+        pruner=optuna.pruners.MedianPruner(
+            n_startup_trials=calibration.pruner_startup_trials, n_warmup_steps=calibration.pruner_warmup_epochs,
+        ),
+        load_if_exists=True,
+    )
+
+
+def calibrate(inputs: CalibrationInputs) -> dict[str, Any]:
+    """Run the study until it holds `n_trials` finished trials; return and save the best values."""
+    import optuna
+
+    params = inputs.params
+    calibration = params.injection.calibration
+    study = open_study(params)
+    finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    base_model = Path(params.model.path).name
+    with tracking.start_run(params, "calibrate", f"{base_model}/injection"):
+        import mlflow
+
+        if _BASELINE_ATTR not in study.user_attrs:
+            study.set_user_attr(_BASELINE_ATTR, degeneration(run_health(inputs, None)))
+        baseline = study.user_attrs[_BASELINE_ATTR]
+        mlflow.log_metric("baseline_degeneration", baseline)
+        remaining = calibration.n_trials - len(finished)
+        if remaining > 0:
+            study.optimize(make_objective(inputs, baseline), n_trials=remaining, catch=())
+        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not complete:
+            raise ValueError("no calibration trial completed (all pruned or failed); widen injection.calibration")
+        best = study.best_trial
+        result = {
+            "values": {**best.params, "alpha": max(1, round(best.params["rank"] * params.injection.alpha / params.injection.rank))},
+            "objective": best.value,
+            "trial": best.number,
+            "metrics": best.user_attrs,
+            "baseline_degeneration": baseline,
+            "n_trials": len(study.trials),
+        }
+        mlflow.log_metrics({"best_objective": best.value, "n_trials": float(len(study.trials))})
+        mlflow.log_params({f"best.{k}": v for k, v in result["values"].items()})
+    best_path = Path(calibration.study_dir) / BEST_FILE
+    best_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def write_calibrated(params_path: Path, values: dict[str, Any]) -> None:
+    """Set the calibrated keys of the `injection` section in place, keeping every comment."""
+    lines = params_path.read_text(encoding="utf-8").splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(r"injection:\s*(#.*)?$", line)), None)
+    if start is None:
+        lines += ["", "injection:"]
+        start = len(lines) - 1
+    end = next((i for i in range(start + 1, len(lines)) if re.match(r"[^\s#]", lines[i])), len(lines))
+    for key in CALIBRATED_KEYS:
+        pattern = re.compile(rf"^(  {key}:\s*)([^#]*?)(\s*#.*)?$")
+        found = next((i for i in range(start + 1, end) if pattern.match(lines[i])), None)
+        if found is None:
+            lines.insert(end, f"  {key}: {values[key]}")
+            end += 1
+        else:
+            head, _, comment = pattern.match(lines[found]).groups()
+            lines[found] = f"{head}{values[key]}{comment or ''}"
+    params_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    load_params(params_path)
