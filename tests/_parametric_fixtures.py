@@ -32,9 +32,10 @@ def save_tiny_llama(tokenizer_dir: Path, out: Path, *, seed: int, hidden_size: i
     return out
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
+    """Tiny models run far faster on one thread, above all on a shared, busy CPU (module scope:
+    it must be in force before the module's fixtures train anything)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

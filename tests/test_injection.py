@@ -141,6 +141,10 @@ def test_adapters_of_another_base_are_refused(adapter_copy, tiny_model_dir, lear
 
 def test_cells_load_only_the_adapter_of_their_role(injected, learner_dir):
     _, out, _ = injected
+    params, _, _ = injected
+    assert inj.cell_adapter(params, "P", "merged", "none") == out / "lora_td"
+    assert inj.cell_adapter(params, "P", "lora", "gold") == out / "gold"
+    assert inj.cell_adapter(params, "R-text", "lora-d", "none") == out / "lora_d"
     assert inj.cell_adapter_role("P", "lora", "none") == inj.TARGET
     assert inj.cell_adapter_role("P", "merged", "gold") == inj.GOLD
     assert inj.cell_adapter_role("C", "lora-d", "none") == inj.DISTRACTOR

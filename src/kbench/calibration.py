@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kbench import tracking
-from kbench.config import Params, load_params
+from kbench.config import ModelConfig, Params, load_params
 from kbench.corpus import Corpus
 from kbench.injection import adapter_pool, direct_recall, load_tokenizer, train_injection, training_entities
 from kbench.matcher import match
@@ -53,8 +53,14 @@ _BASELINE_ATTR = "baseline_degeneration"
 class CalibrationInputs:
     params: Params
     corpus: Corpus
-    base_dir: Path
-    index_dir: Path
+    #: The agent's model (kbench.agent_base.agent_model_config): the base every trial adapts.
+    model: ModelConfig
+    #: The R-text index (its distractor passages answer `search_wiki`); None: no passage at all.
+    index_dir: Path | None
+
+    @property
+    def base_dir(self) -> Path:
+        return Path(self.model.path)
 
 
 def health_queries(inputs: CalibrationInputs) -> list[Query]:
@@ -73,12 +79,11 @@ def probe_entities(inputs: CalibrationInputs) -> list[Entity]:
 
 def run_health(inputs: CalibrationInputs, adapter_dir: Path | None) -> list[TraceRecord]:
     """The deployed agent (R-struct, method none) on the health queries, with or without the adapter."""
-    from kbench.agent_base import agent_model_config
     from kbench.runner import setup_cell
 
     params = inputs.params
     agent = setup_cell(
-        params, inputs.corpus, agent_model_config(params), substrate="R-struct", method="none",
+        params, inputs.corpus, inputs.model, substrate="R-struct", method="none",
         seed=params.injection.seed, index_dir=inputs.index_dir,
         adapter_path=str(adapter_dir) if adapter_dir is not None else None,
     )

@@ -130,10 +130,12 @@ def run_cell_stage(
 ) -> Path:
     """Run (or resume) one cell and record it; returns the cell's output folder."""
     from kbench.agent_base import agent_model_config
-    from kbench.injection import check_cell_adapter
+    from kbench.injection import cell_adapter, check_cell_adapter
     from kbench.runner import run_cell, setup_cell
 
     model = agent_model_config(params)
+    if adapter_path is None and spec.recipe != "none":
+        adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
     if adapter_path is not None:
         check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
     corpus = load_corpus(corpus_dir)

@@ -324,6 +324,11 @@ def cell_adapter_role(substrate: str, recipe: str, method: str) -> str:
     return GOLD if method == GOLD_METHOD else TARGET
 
 
+def cell_adapter(params: Params, substrate: str, recipe: str, method: str) -> Path:
+    """The `inject` stage's adapter a cell loads when none is named (`kbench cell` without --adapter)."""
+    return Path(params.injection.out_dir) / ADAPTER_DIRS[cell_adapter_role(substrate, recipe, method)]
+
+
 def check_cell_adapter(substrate: str, recipe: str, method: str, adapter: str | Path, base_dir: str | Path) -> Injected:
     """What the cell stage calls before loading an adapter (see kbench.cells)."""
     injected = check_injected(adapter, base_dir, role=cell_adapter_role(substrate, recipe, method))

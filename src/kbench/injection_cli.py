@@ -35,9 +35,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from kbench.corpus import load_corpus
 
     params = read_params(args)
-    inputs = CalibrationInputs(
-        params, load_corpus(args.corpus), Path(agent_model_config(params).path), Path(args.index),
-    )
+    inputs = CalibrationInputs(params, load_corpus(args.corpus), agent_model_config(params), Path(args.index))
     result = calibrate(inputs)
     print(json.dumps(result, indent=2, sort_keys=True))
     if args.write:
