@@ -82,11 +82,12 @@ def test_generates_a_batch_and_honours_stop_strings(server):
 
 def test_runs_a_cell(server, small_corpus, params, tmp_path):  # noqa: F811
     small = params.model_copy(update={"agent": params.agent.model_copy(
-        update={"max_new_tokens": 24, "summary_max_new_tokens": 24, "max_iters": 2})})
+        update={"max_new_tokens": 16, "summary_max_new_tokens": 16, "max_iters": 1})})
     agent = setup_cell(small, small_corpus, server, substrate="R-struct", method="none", seed=0)
     items = [(q, "forget") for q in small_corpus.sample_queries("forget", 2, 0)]
     records = run_cell(agent, items, tmp_path / "traces.jsonl", progress=False)
     assert len(records) == 2 and all(r.raw_reply and r.summary for r in records)
+    assert all(r.halted_reason in {"final_answer", "parse_error", "max_iters"} for r in records)
 
 
 def test_methods_that_need_weights_are_refused(server, small_corpus, params):  # noqa: F811

@@ -42,11 +42,11 @@ def setup_cell(
     """Build the deployed agent of one cell.
 
     `model` is the agent's model section (see `kbench.agent_base.agent_model_config`);
-    `adapter_path` is the P adapter, or the LoRA-D control adapter on another substrate.
+    `adapter_path` is the P adapter, or the LoRA-D control adapter on another substrate;
+    `merge_adapter` merges it into the weights (the merged-weight variant of P).
     """
     cell_substrate = build_substrate(
-        substrate, corpus, params.agent, seed=seed, index_dir=index_dir,
-        adapter_path=adapter_path, merge_adapter=merge_adapter,
+        substrate, corpus, params.agent, seed=seed, index_dir=index_dir, adapter_path=adapter_path
     )
     cell_method = build_method(method, MethodContext(corpus, params, seed))
     backend = build_backend(model)

@@ -34,7 +34,6 @@ def build_substrate(
     seed: int,
     index_dir: str | Path | None = None,
     adapter_path: str | None = None,
-    merge_adapter: bool = False,
 ) -> Substrate:
     """One cell's substrate. The record database holds the same entities as the index."""
     resources = SubstrateResources(
@@ -44,7 +43,6 @@ def build_substrate(
         text_index=TextIndex.load(index_dir) if index_dir is not None else None,
         records=RecordStore(index_entities(corpus)),
         adapter_path=adapter_path,
-        merge_adapter=merge_adapter,
     )
     return substrate_class(name)(resources)
 

@@ -35,7 +35,6 @@ class SubstrateResources:
     records: RecordStore
     #: P: the LoRA-T+D adapter. Any other substrate: the LoRA-D control adapter, or None.
     adapter_path: str | None = None
-    merge_adapter: bool = False
 
 
 class Substrate:
