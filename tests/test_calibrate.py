@@ -52,7 +52,7 @@ def test_a_small_study_runs_end_to_end_resumes_and_logs_nested_runs(tmp_path, p_
     resumed = cal.calibrate(_inputs(tmp_path, p_corpus, learner_dir, n_trials=4))
     assert resumed["n_trials"] == 4  # the three earlier trials were kept, one was added
 
-    study = cal.open_study(_inputs(tmp_path, p_corpus, learner_dir).params)
+    study = cal.open_study(_inputs(tmp_path, p_corpus, learner_dir))
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert all(len(t.intermediate_values) == t.params["epochs"] for t in finished)  # reported every epoch
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list")

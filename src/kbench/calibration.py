@@ -32,9 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from kbench import tracking
+from kbench.cells import base_model_name
 from kbench.config import ModelConfig, Params, load_params
 from kbench.corpus import Corpus
-from kbench.injection import adapter_pool, direct_recall, load_tokenizer, train_injection, training_entities
+from kbench.injection import (
+    adapter_pool,
+    base_fingerprint,
+    direct_recall,
+    load_tokenizer,
+    train_injection,
+    training_entities,
+)
 from kbench.matcher import match
 from kbench.metrics import is_degenerate
 from kbench.records import FIELDS, Entity, Query, TraceRecord
@@ -110,13 +118,17 @@ def objective_value(memorization: float, degeneration_excess: float, params: Par
 def suggest(trial: Any, params: Params) -> dict[str, Any]:
     """Trial values of the calibrated keys; alpha keeps the configured alpha / rank ratio."""
     calibration = params.injection.calibration
-    rank = trial.suggest_categorical("rank", calibration.ranks)
-    return {
+    values = {
         "epochs": trial.suggest_int("epochs", *calibration.epochs),
         "learning_rate": trial.suggest_float("learning_rate", *calibration.learning_rate, log=True),
-        "rank": rank,
-        "alpha": max(1, round(rank * params.injection.alpha / params.injection.rank)),
+        "rank": trial.suggest_categorical("rank", calibration.ranks),
     }
+    return with_alpha(values, params)
+
+
+def with_alpha(values: dict[str, Any], params: Params) -> dict[str, Any]:
+    """Trial values plus the alpha that keeps the configured alpha / rank ratio."""
+    return {**values, "alpha": max(1, round(values["rank"] * params.injection.alpha / params.injection.rank))}
 
 
 def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
@@ -129,7 +141,7 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
     entities = training_entities(inputs.corpus, params)["target"]
     probed = probe_entities(inputs)
     agent = params.agent
-    base_model = Path(params.model.path).name
+    base_model = base_model_name(params)
     tokenizer = load_tokenizer(inputs.base_dir)
 
     def objective(trial: optuna.Trial) -> float:
@@ -170,15 +182,16 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
     return objective
 
 
-def open_study(params: Params) -> Any:
-    """The persistent study (created on first use, resumed after)."""
+def open_study(inputs: CalibrationInputs) -> Any:
+    """The persistent study of this base model and corpus (created on first use, resumed after);
+    another base or corpus gets a study of its own in the same file."""
     import optuna
 
-    calibration = params.injection.calibration
+    calibration = inputs.params.injection.calibration
     study_dir = Path(calibration.study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     return optuna.create_study(
-        study_name="injection",
+        study_name=f"injection-{base_fingerprint(inputs.base_dir)}-{inputs.corpus.fingerprint()}",
         storage=f"sqlite:///{(study_dir / STUDY_FILE).resolve()}",
         direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=calibration.sampler_seed),
@@ -195,9 +208,9 @@ def calibrate(inputs: CalibrationInputs) -> dict[str, Any]:
 
     params = inputs.params
     calibration = params.injection.calibration
-    study = open_study(params)
+    study = open_study(inputs)
     finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
-    base_model = Path(params.model.path).name
+    base_model = base_model_name(params)
     with tracking.start_run(params, "calibrate", f"{base_model}/injection"):
         import mlflow
 
@@ -213,7 +226,7 @@ def calibrate(inputs: CalibrationInputs) -> dict[str, Any]:
             raise ValueError("no calibration trial completed (all pruned or failed); widen injection.calibration")
         best = study.best_trial
         result = {
-            "values": {**best.params, "alpha": max(1, round(best.params["rank"] * params.injection.alpha / params.injection.rank))},
+            "values": with_alpha(best.params, params),
             "objective": best.value,
             "trial": best.number,
             "metrics": best.user_attrs,

@@ -38,6 +38,7 @@ import torch
 
 from kbench import tracking
 from kbench.agent.prompts import react_conversation, summary_conversation
+from kbench.cells import base_model_name
 from kbench.config import InjectionConfig, Params
 from kbench.corpus import Corpus
 from kbench.lora import EpochCallback, Example, LoraRun, LoraSettings, tokenize_chat, train_lora
@@ -382,7 +383,7 @@ def _write_info(folder: Path, info: dict) -> None:
 
 
 def _record(params: Params, folder: Path, name: str, metrics: dict[str, float], artifacts: list[str], track: bool) -> None:
-    base_model = Path(params.model.path).name
+    base_model = base_model_name(params)
     tracking.write_manifest(
         folder, "inject", f"{base_model}/{name}",
         tags={"kbench.base_model": base_model, "kbench.injection": name}, metrics=metrics, artifacts=artifacts,
