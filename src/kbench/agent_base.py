@@ -10,7 +10,7 @@ off (`agent_base.enabled: false`); cells then use `model.path` as is.
 
 The scripted policy: when the Background states the answer, answer directly; otherwise
 search the wiki, and if no passage is about the person, look the record up (sometimes
-verifying the value); if nothing has it, say so.
+verifying the value) and answer from it.
 """
 
 from __future__ import annotations
@@ -120,9 +120,7 @@ def scripted_transcript(substrate: Substrate, query: Query, rng: random.Random, 
         ("lookup_record", f"{entity.name}, {query.field}"),
     ))
     if query.ground_truth not in found:
-        act(ScriptedStep(f"Neither the wiki nor the records have {entity.name}.",
-                         answer=f"I could not find {entity.name}'s {phrase}."))
-        return conversation
+        raise AgentBaseError(f"no store of substrate {substrate.name} holds {entity.id}")
     if rng.random() < 0.4:
         act(ScriptedStep(
             f"The record gives {query.ground_truth}. I will verify it.",
