@@ -83,3 +83,11 @@ class ScriptedBackend(Backend):
             turn = sum(m["role"] == "assistant" for m in conversation)
             out.append(Generation(self.replies[min(turn, len(self.replies) - 1)]))
         return out
+
+
+@pytest.fixture(scope="session")
+def index_dir(small_corpus, tmp_path_factory) -> Path:
+    """The R-text index of `small_corpus`, built once per test session."""
+    from kbench.substrates import build_index, index_entities
+
+    return build_index(index_entities(small_corpus), tmp_path_factory.mktemp("index"))

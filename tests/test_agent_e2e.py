@@ -2,17 +2,11 @@
 
 import pytest
 
-from _agent_fixtures import DEFAULT_MODEL, params, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
+from _agent_fixtures import DEFAULT_MODEL, index_dir, params, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 from kbench.config import ModelConfig
 from kbench.matcher import match
 from kbench.records import iter_traces
 from kbench.runner import run_cell, setup_cell
-from kbench.substrates import build_index, index_entities
-
-
-@pytest.fixture(scope="module")
-def index_dir(small_corpus, tmp_path_factory):  # noqa: F811
-    return build_index(index_entities(small_corpus), tmp_path_factory.mktemp("index"))
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,11 @@
 
 import pytest
 
-from _agent_fixtures import DEFAULT_MODEL, params, small_corpus  # noqa: F401  (fixtures)
+from _agent_fixtures import DEFAULT_MODEL, index_dir, params, small_corpus  # noqa: F401  (fixtures)
 from kbench.agent import ReActAgent
 from kbench.backends import build_backend
 from kbench.methods import MethodContext, build_method
-from kbench.substrates import build_index, build_substrate, index_entities
+from kbench.substrates import build_substrate
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,8 +27,7 @@ def backend(params):  # noqa: F811
 
 
 @pytest.mark.parametrize("substrate", ["C", "R-text"])
-def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus, params, tmp_path):  # noqa: F811
-    index_dir = build_index(index_entities(small_corpus), tmp_path / "index")
+def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus, params, index_dir):  # noqa: F811
     items = [(q, "forget") for q in small_corpus.sample_queries("forget", 4, 1)]
     traces = {}
     for batch_size in (4, 1):

@@ -2,14 +2,9 @@
 
 import pytest
 
-from _agent_fixtures import params, small_corpus  # noqa: F401  (fixtures)
+from _agent_fixtures import index_dir, params, small_corpus  # noqa: F401  (fixtures)
 from kbench.agent.tools import ToolContext, call_tool, normalize_field, split_args
-from kbench.substrates import build_index, build_substrate, index_entities
-
-
-@pytest.fixture(scope="module")
-def index_dir(small_corpus, tmp_path_factory):  # noqa: F811
-    return build_index(index_entities(small_corpus), tmp_path_factory.mktemp("index"))
+from kbench.substrates import build_substrate
 
 
 @pytest.fixture

@@ -2,22 +2,15 @@
 
 import pytest
 
-from _agent_fixtures import params, small_corpus  # noqa: F401  (fixtures)
+from _agent_fixtures import index_dir, params, small_corpus  # noqa: F401  (fixtures)
 from kbench.agent.prompts import react_system_prompt, summary_conversation
 from kbench.substrates import (
     RecordStore,
     SubstrateError,
-    build_index,
     build_substrate,
-    index_entities,
     substrate_class,
     substrate_names,
 )
-
-
-@pytest.fixture(scope="module")
-def index_dir(small_corpus, tmp_path_factory):  # noqa: F811
-    return build_index(index_entities(small_corpus), tmp_path_factory.mktemp("index"))
 
 
 @pytest.fixture
