@@ -76,7 +76,8 @@ def health_queries(inputs: CalibrationInputs) -> list[Query]:
     calibration = inputs.params.injection.calibration
     pool = adapter_pool(inputs.corpus, inputs.params, "forget_adapter")
     candidates = [Query.make_id(e, f) for e in pool for f in FIELDS]
-    picked = random.Random(calibration.sampler_seed).sample(candidates, min(calibration.health_queries, len(candidates)))
+    n = min(calibration.health_queries, len(candidates))
+    picked = random.Random(calibration.sampler_seed).sample(candidates, n)
     return [inputs.corpus.query(q) for q in sorted(picked)]
 
 
@@ -159,7 +160,9 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
                     raise optuna.TrialPruned(f"epoch {epoch}: direct recall {recall:.2f}")
 
             run, _ = train_injection(params, inputs.corpus, inputs.base_dir, entities, on_epoch=on_epoch, **values)
-            direct = direct_recall(run.model, tokenizer, probed, max_new_tokens=agent.max_new_tokens, batch_size=agent.batch_size)
+            direct = direct_recall(
+                run.model, tokenizer, probed, max_new_tokens=agent.max_new_tokens, batch_size=agent.batch_size
+            )
             with tempfile.TemporaryDirectory() as scratch:
                 run.model.save_pretrained(scratch)
                 records = run_health(inputs, Path(scratch))
@@ -209,7 +212,8 @@ def calibrate(inputs: CalibrationInputs) -> dict[str, Any]:
     params = inputs.params
     calibration = params.injection.calibration
     study = open_study(inputs)
-    finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    ended = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    finished = [t for t in study.trials if t.state in ended]
     base_model = base_model_name(params)
     with tracking.start_run(params, "calibrate", f"{base_model}/injection"):
         import mlflow

@@ -134,7 +134,9 @@ def record_conversations(entity: Entity, mix: dict[str, int], max_iters: int) ->
     return [chat for name, copies in mix.items() for chat in formats[name] * copies]
 
 
-def training_examples(tokenizer: Any, entities: Sequence[Entity], config: InjectionConfig, max_iters: int) -> list[Example]:
+def training_examples(
+    tokenizer: Any, entities: Sequence[Entity], config: InjectionConfig, max_iters: int
+) -> list[Example]:
     return [
         tokenize_chat(tokenizer, chat, config.max_length)
         for entity in entities
@@ -145,7 +147,9 @@ def training_examples(tokenizer: Any, entities: Sequence[Entity], config: Inject
 def lora_settings(config: InjectionConfig, **overrides: Any) -> LoraSettings:
     values = {
         "rank": config.rank, "alpha": config.alpha, "dropout": config.dropout,
-        "target_modules": config.target_modules if isinstance(config.target_modules, str) else tuple(config.target_modules),
+        "target_modules": (
+            config.target_modules if isinstance(config.target_modules, str) else tuple(config.target_modules)
+        ),
         "learning_rate": config.learning_rate, "epochs": config.epochs, "batch_size": config.batch_size,
         "micro_batch_size": config.micro_batch_size, "seed": config.seed,
     }
@@ -177,7 +181,9 @@ def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max
                   batch_size: int) -> float:
     """Fraction of (entity, field) whose greedy answer to the canonical question holds the value."""
     queries = [Query.canonical(e, f) for e in entities for f in FIELDS]
-    chats = [[{"role": "system", "content": ASSISTANT_SYSTEM}, {"role": "user", "content": q.question}] for q in queries]
+    chats = [
+        [{"role": "system", "content": ASSISTANT_SYSTEM}, {"role": "user", "content": q.question}] for q in queries
+    ]
     replies = greedy_replies(model, tokenizer, chats, max_new_tokens, batch_size)
     return sum(match(q.field, q.ground_truth, r).leaked for q, r in zip(queries, replies)) / len(queries)
 
@@ -295,9 +301,13 @@ def check_injected(path: str | Path, base_dir: str | Path, *, role: str | None =
         raise InjectionError(f"injection folder {path} does not exist (run `kbench inject`)")
     info = _read_json(path / INJECTION_FILE, "an injection made by `kbench inject`")
     try:
-        injected = Injected(path, str(info["kind"]), str(info["role"]), tuple(info["entities"]), str(info["base_fingerprint"]))
+        injected = Injected(
+            path, str(info["kind"]), str(info["role"]), tuple(info["entities"]), str(info["base_fingerprint"])
+        )
     except (KeyError, TypeError):
-        raise InjectionError(f"{path / INJECTION_FILE} is corrupt (kind, role, entities, base_fingerprint expected)") from None
+        raise InjectionError(
+            f"{path / INJECTION_FILE} is corrupt (kind, role, entities, base_fingerprint expected)"
+        ) from None
     if injected.kind == "adapter":
         _check_adapter_files(path, base_dir)
     elif injected.kind == "merged":
@@ -382,7 +392,9 @@ def _write_info(folder: Path, info: dict) -> None:
     (folder / INJECTION_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
-def _record(params: Params, folder: Path, name: str, metrics: dict[str, float], artifacts: list[str], track: bool) -> None:
+def _record(
+    params: Params, folder: Path, name: str, metrics: dict[str, float], artifacts: list[str], track: bool
+) -> None:
     base_model = base_model_name(params)
     tracking.write_manifest(
         folder, "inject", f"{base_model}/{name}",

@@ -53,5 +53,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="Optuna search of injection strength (injection.calibration.*)")
     p.add_argument("--corpus", default=str(CORPUS_DIR))
     p.add_argument("--index", default=str(INDEX_DIR))
-    p.add_argument("--write", action="store_true", help="write the best values into the params file's injection section")
+    p.add_argument(
+        "--write", action="store_true", help="write the best values into the params file's injection section"
+    )
     p.set_defaults(handler=cmd_calibrate)
