@@ -59,6 +59,31 @@ class CellSpec:
         return f"{base_model}/{self.substrate}/{self.recipe}/{self.method}/{self.seed}"
 
 
+SKIPPED_FILE = "skipped.json"
+
+
+def unreachable_reason(substrate: str, method: str) -> str | None:
+    """Why the method cannot act on the substrate (SPEC §11 routing), or None if it can."""
+    from kbench.methods.base import method_class
+    from kbench.substrates import substrate_class
+
+    substrate_class(substrate)  # an unknown substrate is an error naming the known ones
+    reachable = method_class(method).substrates
+    if substrate in reachable:
+        return None
+    return f"method {method!r} cannot act on substrate {substrate} (it acts on {sorted(reachable)})"
+
+
+def write_skipped(out_root: Path, spec: CellSpec, reason: str) -> Path:
+    """The DVC output of a matrix entry whose method cannot reach its substrate."""
+    stage_dir = out_root / spec.stage_dir
+    if stage_dir.exists():
+        shutil.rmtree(stage_dir)
+    stage_dir.mkdir(parents=True)
+    (stage_dir / SKIPPED_FILE).write_text(json.dumps({"reason": reason}) + "\n")
+    return stage_dir
+
+
 def base_model_name(params: Params) -> str:
     return Path(params.model.path).name
 

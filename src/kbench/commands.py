@@ -89,20 +89,36 @@ def cmd_agent_base(args: argparse.Namespace) -> int:
 
 
 def cmd_cell(args: argparse.Namespace) -> int:
-    """One cell: run the agent on n forget and n retain queries, score, record."""
-    from kbench.cells import CellSpec, run_cell_stage
+    """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record."""
+    from kbench.cells import CellSpec, run_cell_stage, unreachable_reason, write_skipped
     from kbench.cli import read_params
 
     params = read_params(args)
-    recipe = args.recipe or ("lora" if args.substrate == "P" else "none")
-    spec = CellSpec(args.substrate, args.method, args.seed, recipe)
-    out = run_cell_stage(
-        params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
-        adapter_path=Path(args.adapter) if args.adapter else None,
-        out_root=Path(args.out_root), track=not args.no_track,
-    )
-    print(f"cell {spec.cell_id}: {out}")
+    out_root = Path(args.out_root)
+    reason = unreachable_reason(args.substrate, args.method)
+    if reason is not None:
+        if not args.skip_unreachable:
+            raise ValueError(reason)
+        write_skipped(out_root, CellSpec(args.substrate, args.method, args.seed, _default_recipe(args.substrate)), reason)
+        print(f"skipped: {reason}")
+        return 0
+    if args.recipe:
+        recipes = [args.recipe]
+    else:
+        recipes = list(params.p_recipes) if args.substrate == "P" else ["none"]
+    for recipe in recipes:
+        spec = CellSpec(args.substrate, args.method, args.seed, recipe)
+        out = run_cell_stage(
+            params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
+            adapter_path=Path(args.adapter) if args.adapter else None,
+            out_root=out_root, track=not args.no_track,
+        )
+        print(f"cell {spec.cell_id}: {out}")
     return 0
+
+
+def _default_recipe(substrate: str) -> str:
+    return "lora" if substrate == "P" else "none"
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -162,7 +178,15 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--substrate", required=True, help="P, C, R-text or R-struct")
     p.add_argument("--method", default="none", help="unlearning method (default: none)")
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--recipe", default=None, help="none (default off P), lora (default on P), merged, lora-d")
+    p.add_argument(
+        "--recipe", default=None,
+        help="none (default off P), lora or merged (P; default: every one in p_recipes), lora-d (control)",
+    )
+    p.add_argument(
+        "--skip-unreachable", action="store_true",
+        help="a method that cannot act on the substrate writes a skip marker instead of failing "
+        "(the DVC matrix crosses every substrate with every method)",
+    )
     p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
     p.add_argument("--corpus", default=str(CORPUS_DIR))
     p.add_argument("--index", default=str(INDEX_DIR))

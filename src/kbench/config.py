@@ -174,6 +174,8 @@ class Params(_Section):
     queries: QueriesConfig = QueriesConfig()
     substrates: list[str] = ["C", "R-text", "R-struct"]
     methods: list[str] = ["none"]
+    #: Injection recipes a P cell runs (SPEC §3: the LoRA adapter and its merged-weight form).
+    p_recipes: list[Literal["lora", "merged"]] = ["lora", "merged"]
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     agent_base: AgentBaseConfig = AgentBaseConfig()

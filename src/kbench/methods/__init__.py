@@ -1,6 +1,12 @@
-"""Unlearning methods; importing this package registers the built-in ones."""
+"""Unlearning methods; importing this package registers every method module in it.
 
-from kbench.methods import none  # noqa: F401  (registration side effect)
+A method is one module here with one `@register_method` class: it is found by scanning the
+package, so adding a method touches no other file.
+"""
+
+import importlib
+import pkgutil
+
 from kbench.methods.base import (
     ALL_SUBSTRATES,
     Hook,
@@ -8,10 +14,15 @@ from kbench.methods.base import (
     MethodContext,
     MethodError,
     build_method,
+    method_class,
     method_names,
     register_method,
     unregister_method,
 )
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "ALL_SUBSTRATES",
@@ -20,6 +31,7 @@ __all__ = [
     "MethodContext",
     "MethodError",
     "build_method",
+    "method_class",
     "method_names",
     "register_method",
     "unregister_method",

@@ -122,8 +122,12 @@ def method_names() -> list[str]:
     return sorted(_METHODS)
 
 
-def build_method(name: str, context: MethodContext) -> Method:
+def method_class(name: str) -> type[Method]:
     try:
-        return _METHODS[name](context)
+        return _METHODS[name]
     except KeyError:
         raise MethodError(f"unknown method {name!r}; registered: {method_names()}") from None
+
+
+def build_method(name: str, context: MethodContext) -> Method:
+    return method_class(name)(context)
