@@ -73,6 +73,7 @@ injection:
   learning_rate: 0.001   # paper: 1e-4
   calibration:
     n_trials: 3
+    epochs: [4, 16]   # a search range, not the recipe's epochs
 
 tracking:
   experiment: kbench
@@ -90,5 +91,6 @@ def test_write_calibrated_sets_the_keys_and_keeps_the_comments(tmp_path):
     params = load_params(path)
     assert (params.injection.epochs, params.injection.rank, params.injection.alpha) == (12, 16, 16)
     assert params.injection.calibration.n_trials == 3 and params.tracking.experiment == "kbench"
+    assert params.injection.calibration.epochs == (4, 16)
     with pytest.raises(ParamsError):
         cal.write_calibrated(path, {"epochs": "many", "learning_rate": 0.002, "rank": 16, "alpha": 16})
