@@ -19,7 +19,12 @@ log = logging.getLogger("kbench")
 
 #: Modules that contribute subcommands through `add_subcommands(subparsers)`; a new stage
 #: family registers here and nowhere else.
-COMMAND_MODULES = ("kbench.commands", "kbench.observer_cli", "kbench.comparison_cli")
+COMMAND_MODULES = (
+    "kbench.commands",
+    "kbench.observer_cli",
+    "kbench.comparison_cli",
+    "kbench.injection_cli",
+)
 
 #: Errors a user can fix; they are printed as one line, never as a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ParamsError, CorpusError, FileNotFoundError, ValueError)
