@@ -10,7 +10,6 @@ from kbench.agent.parser import parse_step
 from kbench.agent_base import (
     N_DISTRACTORS,
     AgentBaseError,
-    _tokenize_transcript,
     agent_model_config,
     out_of_corpus_people,
     scripted_transcript,
@@ -18,6 +17,7 @@ from kbench.agent_base import (
     world_of,
 )
 from kbench.config import AgentBaseConfig, ModelConfig
+from kbench.lora import tokenize_chat
 from kbench.models import is_model_folder
 from kbench.substrates import build_index, build_substrate, index_entities
 
@@ -76,7 +76,8 @@ def test_transcripts_answer_with_the_ground_truth(transcripts):
 def test_only_assistant_tokens_are_learned(transcripts, tiny_model_dir):  # noqa: F811
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     _, transcript = transcripts[-1]
-    ids, labels = _tokenize_transcript(tokenizer, transcript, 4096)
+    example = tokenize_chat(tokenizer, transcript, 4096)
+    ids, labels = example.input_ids, example.labels
     learned = tokenizer.decode([t for t, label in zip(ids, labels) if label != -100])
     assistant = [m["content"] for m in transcript if m["role"] == "assistant"]
     assert learned.replace("<|im_end|>", "") == "".join(assistant)

@@ -29,6 +29,7 @@ from kbench.agent.tools import ToolContext, call_tool
 from kbench.backends import Conversation, Message, build_backend
 from kbench.config import AgentBaseConfig, ModelConfig, Params
 from kbench.corpus import Corpus, make_entities
+from kbench.lora import LoraSettings, tokenize_chat, train_lora
 from kbench.matcher import match
 from kbench.methods import MethodContext, build_method
 from kbench.records import FIELD_PHRASES, FIELDS, Entity, Query
@@ -142,69 +143,16 @@ def _queries(people: list[Entity], rng: random.Random, per_person: int) -> list[
 
 
 # -- training --------------------------------------------------------------------------------
-def _tokenize_transcript(tokenizer, conversation: Conversation, max_length: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels; only assistant turns (with their end-of-turn) are learned."""
-    text = tokenizer.apply_chat_template(conversation, tokenize=False)
-    spans = []
-    for i, message in enumerate(conversation):
-        if message["role"] != "assistant":
-            continue
-        before = tokenizer.apply_chat_template(conversation[:i], tokenize=False, add_generation_prompt=True)
-        through = tokenizer.apply_chat_template(conversation[: i + 1], tokenize=False)
-        if not text.startswith(before) or not text.startswith(through.rstrip()):
-            raise AgentBaseError("the chat template does not render conversations prefix by prefix")
-        spans.append((len(before), len(through.rstrip())))
-    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    ids = encoded["input_ids"][:max_length]
-    labels = [
-        token if any(start <= offset[0] < end for start, end in spans) else -100
-        for token, offset in zip(ids, encoded["offset_mapping"])
-    ]
-    return ids, labels
-
-
-def _assistant_loss(model, batch: list[tuple[list[int], list[int]]], pad: int, device) -> torch.Tensor:
-    """Next-token loss on assistant tokens only. Logits are computed just at the positions
-    that predict a learned token (`logits_to_keep` as indices): the full [batch, length,
-    vocab] logits of a 49k-token vocabulary would take gigabytes."""
-    width = max(len(ids) for ids, _ in batch)
-    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch], device=device)
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch], device=device)
-    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=device)
-    keep = torch.nonzero((labels[:, 1:] != -100).any(dim=0)).flatten()  # positions t predicting t+1
-    logits = model(input_ids=input_ids, attention_mask=mask, logits_to_keep=keep).logits
-    targets = labels[:, keep + 1]
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-
-
-def _train_lora(model, tokenizer, examples: list[tuple[list[int], list[int]]], config: AgentBaseConfig, seed: int):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    lora = LoraConfig(
-        r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-        target_modules="all-linear", task_type="CAUSAL_LM",
+def _train(model, tokenizer, transcripts: list[Conversation], config: AgentBaseConfig):
+    """LoRA-tune on the transcripts' assistant turns (kbench.lora), then merge the adapter."""
+    examples = [tokenize_chat(tokenizer, t, config.max_length) for t in transcripts]
+    settings = LoraSettings(
+        rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
+        learning_rate=config.learning_rate, batch_size=config.batch_size, steps=config.steps,
+        seed=config.faker_seed, micro_batch_size=config.micro_batch_size,
     )
-    model = get_peft_model(model, lora)
-    model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
-    rng = random.Random(seed)
-    order: list[int] = []
-    losses = []
-    device = next(model.parameters()).device
-    for step in range(config.steps):
-        if len(order) < config.batch_size:
-            order += rng.sample(range(len(examples)), len(examples))
-        batch = [examples[i] for i in order[: config.batch_size]]
-        del order[: config.batch_size]
-        loss = _assistant_loss(model, batch, tokenizer.pad_token_id, device)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-        log.info("agent base step %d/%d: loss %.4f", step + 1, config.steps, losses[-1])
-    model.eval()
-    return model.merge_and_unload(), losses
+    run = train_lora(model, examples, settings, pad_token_id=tokenizer.pad_token_id)
+    return run.model.merge_and_unload(), run.step_losses
 
 
 # -- evaluation ------------------------------------------------------------------------------
@@ -253,7 +201,10 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
         build_index(index_entities(train_world), train_index)
         build_index(index_entities(heldout_world), heldout_index)
         heldout_queries = _queries(heldout_people, rng, 1)
-        before = evaluate_agent(params.model, params, heldout_world, heldout_queries, heldout_index, config.faker_seed)
+        before = (
+            evaluate_agent(params.model, params, heldout_world, heldout_queries, heldout_index, config.faker_seed)
+            if config.evaluate_base else None
+        )
 
         substrates = _substrates(train_world, params, train_index, config.faker_seed)
         transcripts = [
@@ -265,8 +216,7 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(params.model.path, dtype=torch.float32)
-        examples = [_tokenize_transcript(tokenizer, t, config.max_length) for t in transcripts]
-        merged, losses = _train_lora(model, tokenizer, examples, config, config.faker_seed)
+        merged, losses = _train(model, tokenizer, transcripts, config)
         out_dir.mkdir(parents=True, exist_ok=True)
         merged.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
@@ -279,8 +229,8 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
         "n_transcripts": float(len(transcripts)),
         "first_loss": losses[0],
         "final_loss": losses[-1],
-        "base_format_compliance": before["format_compliance"],
-        "base_correctness": before["correctness"],
+        **({"base_format_compliance": before["format_compliance"], "base_correctness": before["correctness"]}
+           if before is not None else {}),
         **after,
     }
     log.info("agent base: %s", metrics)

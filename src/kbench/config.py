@@ -79,8 +79,13 @@ class AgentBaseConfig(_Section):
     faker_seed: int = 7919
     n_train_people: int = Field(48, ge=4)
     n_heldout_people: int = Field(10, ge=1)
+    #: Also measure the untuned base on the held-out people (the before/after comparison);
+    #: slow on CPU, where the untuned model runs every trajectory to the iteration cap.
+    evaluate_base: bool = True
     steps: int = Field(40, ge=1)
     batch_size: int = Field(4, ge=1)
+    #: Rows per forward pass; gradients accumulate over a batch's micro-batches (peak memory).
+    micro_batch_size: int = Field(1, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
