@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
 from kbench.config import ModelConfig
+from kbench.registry import Registry
 
 
 class Message(TypedDict):
@@ -74,30 +75,22 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
 
 
 BackendFactory = Callable[[ModelConfig], Backend]
-_BACKENDS: dict[str, BackendFactory] = {}
+_BACKENDS: Registry[BackendFactory] = Registry("backend", BackendError)
 
 
 def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
     def decorate(cls: type[Backend]) -> type[Backend]:
-        if name in _BACKENDS:
-            raise ValueError(f"backend {name!r} is already registered")
         cls.name = name
-        _BACKENDS[name] = cls
+        _BACKENDS.add(name, cls)
         return cls
 
     return decorate
 
 
 def backend_names() -> list[str]:
-    return sorted(_BACKENDS)
+    return _BACKENDS.names()
 
 
 def build_backend(config: ModelConfig) -> Backend:
     """The backend named by `config.backend`, built from the model section of params."""
-    try:
-        factory = _BACKENDS[config.backend]
-    except KeyError:
-        raise BackendError(
-            f"unknown backend {config.backend!r}; registered: {backend_names()}"
-        ) from None
-    return factory(config)
+    return _BACKENDS.get(config.backend)(config)

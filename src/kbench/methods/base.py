@@ -24,6 +24,7 @@ from kbench.backends import Backend, Conversation
 from kbench.config import Params
 from kbench.corpus import Corpus
 from kbench.records import Query
+from kbench.registry import Registry
 
 Hook = Literal["weights", "input", "forward", "output"]
 _HOOK_FUNCTIONS: dict[str, str] = {
@@ -86,15 +87,13 @@ class Method:
             )
 
 
-_METHODS: dict[str, type[Method]] = {}
+_METHODS: Registry[type[Method]] = Registry("method", MethodError)
 
 
 def register_method(
     name: str, *, substrates: frozenset[str], hooks: frozenset[Hook] = frozenset()
 ) -> Callable[[type[Method]], type[Method]]:
     def decorate(cls: type[Method]) -> type[Method]:
-        if name in _METHODS:
-            raise MethodError(f"method {name!r} is already registered")
         unknown = set(substrates) - ALL_SUBSTRATES
         if unknown:
             raise MethodError(f"method {name!r} names unknown substrate(s) {sorted(unknown)}")
@@ -107,26 +106,22 @@ def register_method(
                 f"method {name!r} declares hooks {sorted(hooks)} but implements {sorted(overridden)}"
             )
         cls.name, cls.substrates, cls.hooks = name, frozenset(substrates), frozenset(hooks)
-        _METHODS[name] = cls
-        return cls
+        return _METHODS.add(name, cls)
 
     return decorate
 
 
 def unregister_method(name: str) -> None:
     """Remove a method (tests register throw-away methods)."""
-    _METHODS.pop(name, None)
+    _METHODS.remove(name)
 
 
 def method_names() -> list[str]:
-    return sorted(_METHODS)
+    return _METHODS.names()
 
 
 def method_class(name: str) -> type[Method]:
-    try:
-        return _METHODS[name]
-    except KeyError:
-        raise MethodError(f"unknown method {name!r}; registered: {method_names()}") from None
+    return _METHODS.get(name)
 
 
 def build_method(name: str, context: MethodContext) -> Method:

@@ -17,6 +17,7 @@ from typing import ClassVar
 from kbench.config import AgentConfig
 from kbench.corpus import Corpus
 from kbench.records import Entity, Query
+from kbench.registry import Registry
 from kbench.substrates.records_db import RecordStore
 from kbench.substrates.text_index import TextIndex
 
@@ -76,26 +77,20 @@ class Substrate:
         return [self.resources.corpus.entities[eid] for eid in picked]
 
 
-_SUBSTRATES: dict[str, type[Substrate]] = {}
+_SUBSTRATES: Registry[type[Substrate]] = Registry("substrate", SubstrateError)
 
 
 def register_substrate(name: str) -> Callable[[type[Substrate]], type[Substrate]]:
     def decorate(cls: type[Substrate]) -> type[Substrate]:
-        if name in _SUBSTRATES:
-            raise ValueError(f"substrate {name!r} is already registered")
         cls.name = name
-        _SUBSTRATES[name] = cls
-        return cls
+        return _SUBSTRATES.add(name, cls)
 
     return decorate
 
 
 def substrate_names() -> list[str]:
-    return sorted(_SUBSTRATES)
+    return _SUBSTRATES.names()
 
 
 def substrate_class(name: str) -> type[Substrate]:
-    try:
-        return _SUBSTRATES[name]
-    except KeyError:
-        raise SubstrateError(f"unknown substrate {name!r}; registered: {substrate_names()}") from None
+    return _SUBSTRATES.get(name)
