@@ -120,6 +120,17 @@ def search_wiki(context: ToolContext, args: list[str]) -> ToolResult:
     return ToolResult("\n".join(lines), retrieval=retrieval)
 
 
+def _record_and_field(context: ToolContext, name: str, field_text: str) -> tuple[dict, str] | ToolResult:
+    """The named person's record and the normalized field, or the observation saying why not."""
+    field = normalize_field(field_text)
+    if field is None:
+        return _bad_field(field_text)
+    record = context.substrate.records.find(name, context.substrate.readable(context.query))
+    if record is None:
+        return ToolResult(f"No record found for '{name}'.")
+    return record, field
+
+
 @register_tool(
     "lookup_record",
     params=("name", "field"),
@@ -127,12 +138,10 @@ def search_wiki(context: ToolContext, args: list[str]) -> ToolResult:
 )
 def lookup_record(context: ToolContext, args: list[str]) -> ToolResult:
     name, field_text = args
-    field = normalize_field(field_text)
-    if field is None:
-        return _bad_field(field_text)
-    record = context.substrate.records.find(name, context.substrate.readable(context.query))
-    if record is None:
-        return ToolResult(f"No record found for '{name}'.")
+    found = _record_and_field(context, name, field_text)
+    if isinstance(found, ToolResult):
+        return found
+    record, field = found
     return ToolResult(f"{record['name']}'s {FIELD_PHRASES[field]}: {record[field]}")
 
 
@@ -143,12 +152,10 @@ def lookup_record(context: ToolContext, args: list[str]) -> ToolResult:
 )
 def verify_attribute(context: ToolContext, args: list[str]) -> ToolResult:
     name, field_text, value = args
-    field = normalize_field(field_text)
-    if field is None:
-        return _bad_field(field_text)
-    record = context.substrate.records.find(name, context.substrate.readable(context.query))
-    if record is None:
-        return ToolResult(f"No record found for '{name}'.")
+    found = _record_and_field(context, name, field_text)
+    if isinstance(found, ToolResult):
+        return found
+    record, field = found
     if _canonical(record[field]) == _canonical(value):
         return ToolResult(f"Yes: {record['name']}'s {FIELD_PHRASES[field]} is {value}.")
     return ToolResult(f"No: that is not {record['name']}'s {FIELD_PHRASES[field]}.")
