@@ -211,6 +211,7 @@ def train_lora(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         run.step_losses.append(total / max(n_learned, 1))
+        log.info("LoRA step %d (epoch %d): loss %.4f", len(run.step_losses), epoch, run.step_losses[-1])
     if len(run.step_losses) > epoch_start:
         close_epoch(current_epoch)
     peft_model.eval()
