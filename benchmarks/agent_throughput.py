@@ -38,18 +38,21 @@ class PublishedHarnessBackend(HFBackend):
     def generate(self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int) -> list[Generation]:
         out = []
         for conversation in conversations:
-            encoded = self.tokenizer(self.render(conversation), return_tensors="pt", add_special_tokens=False).to(self.device)
-            tokens = self.model.generate(
-                **encoded, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
-            )[0, encoded["input_ids"].shape[1]:].tolist()
+            ids = self.tokenizer(self.render(conversation), return_tensors="pt", add_special_tokens=False)["input_ids"]
+            step = self.model(input_ids=ids.to(self.device), use_cache=True)
+            tokens = []
+            for _ in range(max_new_tokens):  # greedy, and no stop at end of turn
+                token = step.logits[0, -1].argmax().item()
+                tokens.append(token)
+                next_ids = torch.tensor([[token]], device=self.device)
+                step = self.model(input_ids=next_ids, past_key_values=step.past_key_values, use_cache=True)
             end = next((i for i, t in enumerate(tokens) if t in self._end_of_turn_ids), len(tokens))
             text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
             out.append(Generation(truncate_at_stop(text, stop)))
         return out
 
 
-def run_mode(mode: str, n: int, substrate: str, out: Path) -> None:
+def run_mode(mode: str, n: int, substrate: str, model_path: str | None, out: Path) -> None:
     from kbench.agent import ReActAgent
     from kbench.agent_base import agent_model_config
     from kbench.backends import build_backend
@@ -61,7 +64,9 @@ def run_mode(mode: str, n: int, substrate: str, out: Path) -> None:
 
     params = Params()
     model = agent_model_config(params)
-    if not is_model_folder(model.path):
+    if model_path is not None:
+        model = model.model_copy(update={"path": model_path})
+    elif not is_model_folder(model.path):
         model = params.model.model_copy(update={"path": str(ensure_default_model())})
     model = model.model_copy(update={"device": "cpu", "dtype": "float32"})
     corpus = generate_corpus(params.corpus)
@@ -95,18 +100,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=8, help="queries per split")
     parser.add_argument("--substrate", default="R-struct")
+    parser.add_argument("--model", help="model folder (default: the agent base if built, else the default model)")
     parser.add_argument("--mode", choices=["published", "lockstep"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        run_mode(args.mode, args.n, args.substrate, args.out)
+        run_mode(args.mode, args.n, args.substrate, args.model, args.out)
         return
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         for mode in ("published", "lockstep"):
             out = Path(scratch, f"{mode}.json")
-            subprocess.run([sys.executable, __file__, "--mode", mode, "--n", str(args.n),
-                            "--substrate", args.substrate, "--out", str(out)], check=True)
+            command = [sys.executable, __file__, "--mode", mode, "--n", str(args.n),
+                       "--substrate", args.substrate, "--out", str(out)]
+            subprocess.run(command + (["--model", args.model] if args.model else []), check=True)
             results[mode] = json.loads(out.read_text())
     published, lockstep = results["published"], results["lockstep"]
     same = sum(published["records"][q] == lockstep["records"].get(q) for q in published["records"])
