@@ -15,8 +15,6 @@ CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
     "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from _agent_fixtures import DEFAULT_MODEL, index_dir, params, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
+from _agent_fixtures import index_dir, params, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 from kbench.config import ModelConfig
 from kbench.matcher import match
 from kbench.records import iter_traces
@@ -46,15 +46,20 @@ def test_tiny_model_end_to_end(substrate, small_corpus, params, index_dir, tiny_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="the default model folder is built by the models stage")
-def test_default_model_end_to_end(small_corpus, params, index_dir, tmp_path):  # noqa: F811
-    """n = 3 per split on SmolLM2-135M-Instruct (the agent base if it was built, else the raw model)."""
+def test_default_model_end_to_end(small_corpus, params, index_dir, tmp_path, default_model):  # noqa: F811
+    """n = 3 per split on SmolLM2-135M-Instruct (the agent base if it was built, else the raw model).
+
+    Short trajectories (3 iterations, 64 new tokens): the untuned model runs every trajectory
+    to the cap, and the suite must stay within its time budget on 2 cores.
+    """
     from kbench.agent_base import agent_model_config
     from kbench.models import is_model_folder
 
+    short = params.agent.model_copy(update={"max_iters": 3, "max_new_tokens": 64, "summary_max_new_tokens": 64})
+    params = params.model_copy(update={"agent": short})
     model = agent_model_config(params)
     if not is_model_folder(model.path):
-        model = params.model.model_copy(update={"path": str(DEFAULT_MODEL)})
+        model = params.model.model_copy(update={"path": str(default_model)})
     agent = setup_cell(params, small_corpus, model, substrate="C", method="none", seed=0, index_dir=index_dir)
     records = run_cell(agent, items_of(small_corpus, 3), tmp_path / "traces.jsonl", progress=False)
     assert len(records) == 6

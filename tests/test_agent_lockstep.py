@@ -2,27 +2,24 @@
 
 import pytest
 
-from _agent_fixtures import DEFAULT_MODEL, index_dir, params, small_corpus  # noqa: F401  (fixtures)
+from _agent_fixtures import index_dir, params, small_corpus  # noqa: F401  (fixtures)
 from kbench.agent import ReActAgent
 from kbench.backends import build_backend
 from kbench.methods import MethodContext, build_method
 from kbench.substrates import build_substrate
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="the default model folder is built by the models stage"),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def backend(params):  # noqa: F811
+def backend(params, default_model):  # noqa: F811
     """The agent base when it was built (multi-step trajectories), else the raw default model."""
     from kbench.agent_base import agent_model_config
     from kbench.models import is_model_folder
 
     model = agent_model_config(params)
     if not is_model_folder(model.path):
-        model = params.model.model_copy(update={"path": str(DEFAULT_MODEL)})
+        model = params.model.model_copy(update={"path": str(default_model)})
     return build_backend(model.model_copy(update={"device": "cpu", "dtype": "float32"}))
 
 
