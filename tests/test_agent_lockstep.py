@@ -25,11 +25,13 @@ def backend(params, default_model):  # noqa: F811
 
 @pytest.mark.parametrize("substrate", ["C", "R-text"])
 def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus, params, index_dir):  # noqa: F811
-    items = [(q, "forget") for q in small_corpus.sample_queries("forget", 4, 1)]
+    # Small on purpose: the untuned model runs every trajectory to the cap, and the suite must
+    # stay within its time budget on 2 cores; three rows still exercise padding and drop-out.
+    items = [(q, "forget") for q in small_corpus.sample_queries("forget", 3, 1)]
     traces = {}
-    for batch_size in (4, 1):
-        config = params.agent.model_copy(update={"batch_size": batch_size, "max_new_tokens": 48,
-                                                 "summary_max_new_tokens": 24, "max_iters": 3})
+    for batch_size in (3, 1):
+        config = params.agent.model_copy(update={"batch_size": batch_size, "max_new_tokens": 32,
+                                                 "summary_max_new_tokens": 16, "max_iters": 2})
         agent = ReActAgent(
             backend, build_substrate(substrate, small_corpus, config, seed=0, index_dir=index_dir),
             build_method("none", MethodContext(small_corpus, params, 0)), config, seed=0,
@@ -37,4 +39,4 @@ def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus,
         records = []
         agent.run(items, records.append)
         traces[batch_size] = sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
-    assert traces[4] == traces[1]
+    assert traces[3] == traces[1]
