@@ -95,19 +95,19 @@ def cmd_cell(args: argparse.Namespace) -> int:
 
     params = read_params(args)
     out_root = Path(args.out_root)
-    reason = unreachable_reason(args.substrate, args.method)
-    if reason is not None:
-        if not args.skip_unreachable:
-            raise ValueError(reason)
-        write_skipped(out_root, CellSpec(args.substrate, args.method, args.seed, _default_recipe(args.substrate)), reason)
-        print(f"skipped: {reason}")
-        return 0
     if args.recipe:
         recipes = [args.recipe]
     else:
         recipes = list(params.p_recipes) if args.substrate == "P" else ["none"]
-    for recipe in recipes:
-        spec = CellSpec(args.substrate, args.method, args.seed, recipe)
+    specs = [CellSpec(args.substrate, args.method, args.seed, recipe) for recipe in recipes]
+    reason = unreachable_reason(args.substrate, args.method)
+    if reason is not None:
+        if not args.skip_unreachable:
+            raise ValueError(reason)
+        write_skipped(out_root, specs[0], reason)
+        print(f"skipped: {reason}")
+        return 0
+    for spec in specs:
         out = run_cell_stage(
             params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
             adapter_path=Path(args.adapter) if args.adapter else None,
@@ -115,10 +115,6 @@ def cmd_cell(args: argparse.Namespace) -> int:
         )
         print(f"cell {spec.cell_id}: {out}")
     return 0
-
-
-def _default_recipe(substrate: str) -> str:
-    return "lora" if substrate == "P" else "none"
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
