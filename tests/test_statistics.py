@@ -136,3 +136,39 @@ def test_eta_squared_unbalanced_divides_by_the_direct_total_ss():
 def test_eta_squared_names_a_missing_column():
     with pytest.raises(ValueError, match="base_model"):
         eta_squared(pd.DataFrame({"k": [1.0]}), "k", ["base_model"])
+
+
+def test_eta_squared_matches_a_type_two_anova_on_an_unbalanced_two_factor_design():
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
+    frame = pd.DataFrame(
+        {
+            "k": [0.1, 0.3, 0.8, 0.9, 0.2, 0.75, 0.4, 0.65, 0.5],
+            "method": ["a", "a", "b", "b", "a", "b", "c", "c", "c"],
+            "substrate": ["C", "P", "C", "P", "P", "C", "C", "P", "P"],
+        }
+    )
+    table = anova_lm(smf.ols("k ~ C(method) + C(substrate)", data=frame).fit(), typ=2)
+    total = float(((frame.k - frame.k.mean()) ** 2).sum())
+    eta = eta_squared(frame, "k", ["method", "substrate"])
+    assert eta["method"] == pytest.approx(table.loc["C(method)", "sum_sq"] / total)
+    assert eta["substrate"] == pytest.approx(table.loc["C(substrate)", "sum_sq"] / total)
+
+
+def test_eta_squared_of_a_saturated_design_with_confounded_factors():
+    # One seed: every (substrate, recipe) cell appears once, and the recipe is fixed by the
+    # substrate except on P. Substrate and recipe share the P split, so neither has a unique
+    # share of it; what substrate explains beyond recipe is the C vs R-text difference.
+    frame = pd.DataFrame(
+        {
+            "k": [0.2, 0.6, 0.5, 0.4],
+            "substrate": ["C", "R-text", "P", "P"],
+            "recipe": ["none", "none", "lora", "merged"],
+        }
+    )
+    eta = eta_squared(frame, "k", ["substrate", "recipe"])
+    mean = 0.425
+    total = sum((v - mean) ** 2 for v in [0.2, 0.6, 0.5, 0.4])
+    assert eta["substrate"] == pytest.approx(((0.2 - 0.4) ** 2 + (0.6 - 0.4) ** 2) / total)
+    assert eta["recipe"] == pytest.approx(((0.5 - 0.45) ** 2 + (0.4 - 0.45) ** 2) / total)

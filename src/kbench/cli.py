@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    # faiss logs each CPU-feature build it fails to load at INFO; only its warnings matter here.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except USER_ERRORS as exc:

@@ -152,32 +152,45 @@ def substrate_separation(
 def eta_squared(frame: pd.DataFrame, response: str, factors: Sequence[str]) -> dict[str, float]:
     """η² = SS_factor / SS_total per design factor from a linear-model ANOVA (SPEC §9).
 
-    SS_factor is the type-II sum of squares of a main-effects OLS fit, so it does not depend
-    on the order of the factors; SS_total is computed directly as Σ (y − ȳ)², which stays the
+    SS_factor is the type-II sum of squares of a main-effects least-squares fit: how much the
+    residual sum of squares grows when that factor alone is dropped, so it does not depend on
+    the order of the factors. SS_total is computed directly as Σ (y − ȳ)², which stays the
     right denominator when the design is unbalanced and the SS no longer add up. Rows with a
     missing response (TC, invalid baseline) are dropped; a factor with one level in the
     remaining rows explains nothing and gets η² = 0.
-    """
-    # Imported here: the formula/ANOVA stack takes seconds to import and only the η² table
-    # needs it, while every `kbench` command loads this module through the CLI.
-    import pandas as pd
-    import statsmodels.formula.api as smf
-    from statsmodels.stats.anova import anova_lm
 
+    The fits are plain least squares (numpy), so a saturated design (as many cells as
+    parameters, as in a one-seed CPU run) or confounded factors (the recipe fixed by the
+    substrate) still give an answer: a confounded factor has no unique share and scores 0.
+    A formula-based ANOVA would instead fail on its F-tests, which η² does not need.
+    """
     missing = [name for name in [response, *factors] if name not in frame.columns]
     if missing:
         raise ValueError(f"columns {missing} not in the frame")
     data = frame.dropna(subset=[response])
-    total = float(((data[response] - data[response].mean()) ** 2).sum())
+    y = data[response].to_numpy(dtype=float)
+    total = float(((y - y.mean()) ** 2).sum())
     varying = [f for f in factors if data[f].nunique() > 1]
     result = {f: 0.0 for f in factors}
     if not varying or total == 0.0:
         return result
-    columns = {f: f"f{i}" for i, f in enumerate(varying)}  # names patsy formulas accept
-    design = pd.DataFrame({name: data[f].to_numpy() for f, name in columns.items()})
-    design["response"] = data[response].to_numpy(dtype=float)
-    formula = "response ~ " + " + ".join(f"C({name})" for name in columns.values())
-    table = anova_lm(smf.ols(formula, data=design).fit(), typ=2)
-    for factor, name in columns.items():
-        result[factor] = float(table.loc[f"C({name})", "sum_sq"]) / total
+    dummies = {f: _treatment_dummies(data[f].to_numpy()) for f in varying}
+    full = _residual_ss(y, list(dummies.values()))
+    for factor in varying:
+        reduced = _residual_ss(y, [d for f, d in dummies.items() if f != factor])
+        result[factor] = max(0.0, reduced - full) / total
     return result
+
+
+def _treatment_dummies(levels: np.ndarray) -> np.ndarray:
+    """One indicator column per level but the first (treatment coding beside an intercept)."""
+    names = sorted({str(v) for v in levels})
+    return np.array([[float(str(v) == name) for name in names[1:]] for v in levels]).reshape(len(levels), -1)
+
+
+def _residual_ss(y: np.ndarray, blocks: list[np.ndarray]) -> float:
+    """Residual sum of squares of y on an intercept and the given columns (rank-deficient safe)."""
+    design = np.column_stack([np.ones(len(y)), *blocks])
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - design @ coef
+    return float(residual @ residual)
