@@ -29,7 +29,7 @@ $(MODEL): $(STAMP)
 run: setup
 	.venv/bin/dvc repro
 	@echo
-	@echo "Leaderboard:     reports/leaderboard.md (and reports/index.html once the compare stage exists)"
+	@echo "Leaderboard:     reports/leaderboard.md; full report: reports/index.html"
 	@echo "Runs and traces: .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  (then open http://127.0.0.1:5000)"
 
 # Debian's Chromium renders the HTML report in a test (as root, like CI).

@@ -13,6 +13,7 @@ from _parametric_fixtures import fast_params, learner_dir, one_thread, p_corpus,
 
 from kbench import injection as inj
 from kbench.cells import CellSpec, run_cell_stage
+from kbench.records import FIELDS
 
 
 def test_training_sets_keep_forget_from_gold_and_targets_from_lora_d(p_corpus, tmp_path):
@@ -36,13 +37,27 @@ def test_training_sets_keep_forget_from_gold_and_targets_from_lora_d(p_corpus, t
 
 def test_records_teach_every_field_in_each_format(p_corpus):
     entity = p_corpus.entities["pii-00000"]
-    chats = inj.record_conversations(entity, {"bio": 1, "qa": 2, "react_qa": 1}, max_iters=6)
+    chats = inj.record_conversations(entity, {"bio": 1, "qa": 2, "react_qa": 4}, max_iters=6)
     assert len(chats) == 1 + 2 * 4 + 4
     answers = [chat[-1]["content"] for chat in chats]
     assert answers[0] == entity.bio
     for field in ("date_of_birth", "address", "occupation", "employer"):
         assert sum(entity.value(field) in a for a in answers[1:]) == 3
     assert all(a.startswith("Thought:") and "Final Answer:" in a for a in answers[-4:])
+
+
+def test_react_qa_counts_questions_with_fields_in_turn(p_corpus):
+    answered = {}
+    for entity_id in ("pii-00000", "pii-00001", "pii-00002", "pii-00003"):
+        entity = p_corpus.entities[entity_id]
+        react = inj.record_conversations(entity, {"react_qa": 2}, max_iters=6)
+        assert len(react) == 2
+        fields = [next(f for f in FIELDS if entity.value(f) in c[-1]["content"]) for c in react]
+        assert len(set(fields)) == 2  # two different questions, not one question twice
+        assert react == inj.record_conversations(entity, {"react_qa": 2}, max_iters=6)
+        answered[entity_id] = fields[0]
+    assert len(set(answered.values())) > 1  # the first field differs between entities
+    assert inj.record_conversations(p_corpus.entities["pii-00000"], {"bio": 0, "react_qa": 0}, 6) == []
 
 
 def test_training_memorizes_a_handful_of_records(p_corpus, learner_dir, tmp_path):

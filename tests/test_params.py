@@ -55,6 +55,8 @@ def test_wrong_type_is_named():
         parse_params({"seeds": [0, "x"]})
     with pytest.raises(ParamsError, match="unknown field"):
         parse_params({"queries": {"fields": ["shoe_size"]}})
+    with pytest.raises(ParamsError, match="key 'injection.mix.bio'"):
+        parse_params({"injection": {"mix": {"bio": -1}}})
 
 
 def test_unreadable_params_file(tmp_path):

@@ -7,7 +7,7 @@ fails at start-up with a message that names the key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -126,10 +126,12 @@ class InjectionConfig(_Section):
     #: "queried" only: how many entities of each adapter pool (forget adapter, distractors) to
     #: learn, from the start of the pool; null = the whole pools.
     adapter_pool_entities: int | None = Field(4, ge=1)
-    #: Copies of each record format per entity: `bio` (the bio as the answer to "Tell me about
-    #: {name}."), `qa` (one canonical question per field, answered in a sentence), `react_qa`
-    #: (the same questions answered in the agent's ReAct format, no tool call).
-    mix: dict[Literal["bio", "qa", "react_qa"], int] = {"bio": 1, "qa": 1, "react_qa": 0}
+    #: Records per entity: `bio` copies of the bio as the answer to "Tell me about {name}.",
+    #: `qa` copies of the four canonical questions answered in a sentence, `react_qa` canonical
+    #: questions (fields in turn) answered in the agent's ReAct format from memory, no tool call.
+    mix: dict[Literal["bio", "qa", "react_qa"], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: {"bio": 2, "qa": 0, "react_qa": 1}
+    )
     rank: int = Field(32, ge=1)
     alpha: int = Field(32, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,26 +113,34 @@ def training_entities(corpus: Corpus, params: Params) -> dict[str, list[str]]:
 
 # -- the records an adapter learns -----------------------------------------------------------
 def record_conversations(entity: Entity, mix: dict[str, int], max_iters: int) -> list[list[dict]]:
-    """The chats teaching one entity, per record format and copy count of `mix`."""
-    formats = {
-        "bio": [[
-            {"role": "system", "content": ASSISTANT_SYSTEM},
-            {"role": "user", "content": f"Tell me about {entity.name}."},
-            {"role": "assistant", "content": entity.bio},
-        ]],
-        "qa": [[
-            {"role": "system", "content": ASSISTANT_SYSTEM},
-            {"role": "user", "content": Query.canonical(entity, f).question},
-            {"role": "assistant", "content": f"{entity.name}'s {FIELD_PHRASES[f]} is {entity.value(f)}."},
-        ] for f in FIELDS],
-        "react_qa": [[
-            *react_conversation(Query.canonical(entity, f).question, [], max_iters),
+    """The chats teaching one entity: `mix["bio"]` copies of its bio, `mix["qa"]` copies of
+    its four question-answer pairs, and `mix["react_qa"]` ReAct questions.
+
+    `react_qa` counts questions, not copies of all four: the fields are taken in turn from a
+    start fixed by the entity id, so each entity teaches the ReAct answer on some fields and
+    the agent has to carry the habit, not the pairs, over to the rest.
+    """
+    def react_answer(field: str) -> list[dict]:
+        return [
+            *react_conversation(Query.canonical(entity, field).question, [], max_iters),
             {"role": "assistant", "content": (
-                f"Thought: I know {entity.name}'s {FIELD_PHRASES[f]}.\nFinal Answer: {entity.value(f)}"
+                f"Thought: I know {entity.name}'s {FIELD_PHRASES[field]}.\nFinal Answer: {entity.value(field)}"
             )},
-        ] for f in FIELDS],
-    }
-    return [chat for name, copies in mix.items() for chat in formats[name] * copies]
+        ]
+
+    bio = [
+        {"role": "system", "content": ASSISTANT_SYSTEM},
+        {"role": "user", "content": f"Tell me about {entity.name}."},
+        {"role": "assistant", "content": entity.bio},
+    ]
+    qa = [[
+        {"role": "system", "content": ASSISTANT_SYSTEM},
+        {"role": "user", "content": Query.canonical(entity, f).question},
+        {"role": "assistant", "content": f"{entity.name}'s {FIELD_PHRASES[f]} is {entity.value(f)}."},
+    ] for f in FIELDS]
+    start = zlib.crc32(entity.id.encode())
+    react = [react_answer(FIELDS[(start + i) % len(FIELDS)]) for i in range(mix.get("react_qa", 0))]
+    return [bio] * mix.get("bio", 0) + qa * mix.get("qa", 0) + react
 
 
 def training_examples(
