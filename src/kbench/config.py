@@ -107,7 +107,7 @@ class CalibrationConfig(_Section):
     epochs: tuple[int, int] = (4, 16)
     learning_rate: tuple[float, float] = (3e-4, 1e-2)
     ranks: list[int] = [8, 16, 32]
-    #: ReAct trajectories (substrate P, forget adapter pool) behind each health measurement.
+    #: ReAct trajectories (R-struct with the trial adapter, forget adapter pool) per health measurement.
     health_queries: int = Field(8, ge=1)
     sampler_seed: int = 0
     #: MedianPruner: trials started before this many are never pruned; nor epochs before this.
