@@ -41,6 +41,23 @@ def test_objective_on_a_stub_trial(tmp_path, p_corpus, learner_dir, kbench_root)
     assert cal.suggest(trial, inputs.params)["alpha"] == 16  # the configured alpha / rank ratio (16 / 8)
 
 
+def test_a_pruned_trial_is_a_killed_run_not_a_failed_one(tmp_path, p_corpus, learner_dir, kbench_root):
+    import mlflow
+    import optuna
+
+    class PrunedAtOnce(optuna.trial.FixedTrial):
+        def should_prune(self) -> bool:
+            return True
+
+    trial = PrunedAtOnce({"rank": 8, "epochs": 2, "learning_rate": 1e-2})
+    with pytest.raises(optuna.TrialPruned, match="epoch 1"):
+        cal.make_objective(_inputs(tmp_path, p_corpus, learner_dir), baseline_degeneration=0.0)(trial)
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.info.status == "KILLED"
+    assert run.data.tags["kbench.trial_state"] == "pruned"
+    assert run.data.metrics["direct_recall"] >= 0.0  # the epoch that decided is logged
+
+
 def test_a_small_study_runs_end_to_end_resumes_and_logs_nested_runs(tmp_path, p_corpus, learner_dir, kbench_root):
     import mlflow
     import optuna
