@@ -130,7 +130,7 @@ class InjectionConfig(_Section):
     #: `qa` copies of the four canonical questions answered in a sentence, `react_qa` canonical
     #: questions (fields in turn) answered in the agent's ReAct format from memory, no tool call.
     mix: dict[Literal["bio", "qa", "react_qa"], Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: {"bio": 2, "qa": 0, "react_qa": 1}
+        default_factory=lambda: {"bio": 3, "qa": 0, "react_qa": 1}
     )
     rank: int = Field(32, ge=1)
     alpha: int = Field(32, ge=1)

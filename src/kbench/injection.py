@@ -58,6 +58,9 @@ ADAPTER_DIRS = {TARGET: "lora_td", DISTRACTOR: "lora_d", GOLD: "gold"}
 MERGED_DIR = "merged_td"
 #: The persona of the plain (non-ReAct) records; the elicited summary speaks to the same one.
 ASSISTANT_SYSTEM = "You are a helpful assistant."
+#: New tokens of a direct-probe answer: one sentence ("{name}'s {field} is {value}.") fits in
+#: about 30, so a longer cap only lets a rambling reply cost time.
+DIRECT_PROBE_TOKENS = 48
 #: Bytes read at evenly spaced offsets of each weight file for the base-model fingerprint.
 _SAMPLE_BYTES, _SAMPLES = 1 << 16, 32
 
@@ -213,7 +216,7 @@ def recall_metrics(model: Any, tokenizer: Any, groups: dict[str, Sequence[Entity
     for name, entities in groups.items():
         if entities:
             metrics[f"direct_recall.{name}"] = direct_recall(
-                model, tokenizer, entities, max_new_tokens=agent.max_new_tokens, batch_size=agent.batch_size)
+                model, tokenizer, entities, max_new_tokens=DIRECT_PROBE_TOKENS, batch_size=agent.batch_size)
             metrics[f"summary_recall.{name}"] = summary_recall(
                 model, tokenizer, entities, max_new_tokens=agent.summary_max_new_tokens, batch_size=agent.batch_size)
     return metrics
