@@ -53,9 +53,12 @@ def ensure_default_model(dest: str | Path = DEFAULT_MODEL_DIR) -> Path:
 
     gguf = packaged_smollm2_gguf()
     log.info("converting %s to an fp32 folder at %s", gguf.name, dest)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # local_files_only is explicit because the tokenizer saves it into tokenizer_config.json:
+    # left to the environment (HF_HUB_OFFLINE), two machines would write different bytes and
+    # models.dvc would differ between them.
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
     )
     # The GGUF loader dequantizes to plain fp32 tensors but marks the model as quantized,
     # which blocks save_pretrained; copy the weights into an unmarked model of the same config.
