@@ -36,7 +36,6 @@ from kbench.cells import base_model_name
 from kbench.config import ModelConfig, Params, load_params
 from kbench.corpus import Corpus
 from kbench.injection import (
-    DIRECT_PROBE_TOKENS,
     adapter_pool,
     base_fingerprint,
     direct_recall,
@@ -153,8 +152,7 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
             mlflow.log_params({f"injection.{k}": v for k, v in values.items()})
 
             def on_epoch(epoch: int, model: Any, loss: float) -> None:
-                recall = direct_recall(model, tokenizer, probed, max_new_tokens=DIRECT_PROBE_TOKENS,
-                                       batch_size=agent.batch_size)
+                recall = direct_recall(model, tokenizer, probed, batch_size=agent.batch_size)
                 mlflow.log_metrics({"epoch_loss": loss, "direct_recall": recall}, step=epoch)
                 trial.report(abs(recall - calibration.target_recall), epoch)
                 if trial.should_prune():
@@ -177,9 +175,7 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
 
     def evaluate(trial: optuna.Trial, values: dict[str, Any], run: Any) -> float:
         """Final probes and the agent's health of a trained trial, logged to the active run."""
-        direct = direct_recall(
-            run.model, tokenizer, probed, max_new_tokens=DIRECT_PROBE_TOKENS, batch_size=agent.batch_size
-        )
+        direct = direct_recall(run.model, tokenizer, probed, batch_size=agent.batch_size)
         with tempfile.TemporaryDirectory() as scratch:
             run.model.save_pretrained(scratch)
             records = run_health(inputs, Path(scratch))

@@ -189,8 +189,8 @@ def greedy_replies(model: Any, tokenizer: Any, conversations: Sequence[list[dict
     return replies
 
 
-def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max_new_tokens: int,
-                  batch_size: int) -> float:
+def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, batch_size: int,
+                  max_new_tokens: int = DIRECT_PROBE_TOKENS) -> float:
     """Fraction of (entity, field) whose greedy answer to the canonical question holds the value."""
     queries = [Query.canonical(e, f) for e in entities for f in FIELDS]
     chats = [
@@ -215,8 +215,7 @@ def recall_metrics(model: Any, tokenizer: Any, groups: dict[str, Sequence[Entity
     metrics = {}
     for name, entities in groups.items():
         if entities:
-            metrics[f"direct_recall.{name}"] = direct_recall(
-                model, tokenizer, entities, max_new_tokens=DIRECT_PROBE_TOKENS, batch_size=agent.batch_size)
+            metrics[f"direct_recall.{name}"] = direct_recall(model, tokenizer, entities, batch_size=agent.batch_size)
             metrics[f"summary_recall.{name}"] = summary_recall(
                 model, tokenizer, entities, max_new_tokens=agent.summary_max_new_tokens, batch_size=agent.batch_size)
     return metrics
