@@ -7,7 +7,10 @@ import torch
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _parametric_fixtures import learner_dir, one_thread  # noqa: F401  (fixtures)
 
-from kbench.lora import IGNORE, Example, LoraError, LoraSettings, label_position_loss, tokenize_chat, train_lora
+import kbench.lora
+from kbench.lora import (
+    IGNORE, Example, LoraError, LoraSettings, label_position_loss, tokenize_chat, total_steps, train_lora,
+)
 
 
 def _model(tiny_model_dir):
@@ -100,8 +103,38 @@ def test_misconfigured_runs_are_refused(tiny_model_dir):
         _settings(steps=5)
     with pytest.raises(LoraError, match="exactly one"):
         _settings(epochs=None)
+    with pytest.raises(LoraError, match="unknown lr_schedule 'cosine'"):
+        _settings(lr_schedule="cosine")
     masked = [Example([1, 2, 3], [IGNORE, IGNORE, IGNORE])]
     with pytest.raises(LoraError, match="no example has a token"):
         train_lora(_model(tiny_model_dir), masked, _settings(), pad_token_id=0)
     with pytest.raises(LoraError, match="no training examples"):
         train_lora(_model(tiny_model_dir), [], _settings(), pad_token_id=0)
+
+
+def test_linear_schedule_decays_to_zero_across_epochs(tiny_model_dir):
+    examples = _examples(tiny_model_dir)  # 6 examples in batches of 4: 2 steps a pass
+    assert total_steps(6, _settings(epochs=3)) == 6 and total_steps(6, _settings(steps=5, epochs=None)) == 5
+    constant = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3), pad_token_id=0)
+    linear = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3, lr_schedule="linear"), pad_token_id=0)
+    assert constant.step_learning_rates == pytest.approx([1e-2] * 6)
+    assert linear.step_learning_rates == pytest.approx([1e-2 * (1 - s / 6) for s in range(6)])
+    assert constant.step_losses[0] == pytest.approx(linear.step_losses[0])  # same start, then apart
+    assert constant.step_losses[-1] != pytest.approx(linear.step_losses[-1])
+
+
+def test_micro_batches_group_rows_of_similar_length(tiny_model_dir, monkeypatch):
+    widths = []
+    real = kbench.lora.label_position_loss
+
+    def spy(model, rows, pad_token_id):
+        widths.append([len(r.input_ids) for r in rows])
+        return real(model, rows, pad_token_id)
+
+    monkeypatch.setattr(kbench.lora, "label_position_loss", spy)
+    short = _examples(tiny_model_dir)[:4]
+    long = [Example(e.input_ids * 3, e.labels * 3) for e in _examples(tiny_model_dir)[:4]]
+    train_lora(_model(tiny_model_dir), [*short, *long], _settings(steps=1, epochs=None, batch_size=8), pad_token_id=0)
+    assert [len(w) for w in widths] == [2, 2, 2, 2]
+    flat = [w for batch in widths for w in batch]
+    assert flat == sorted(flat, reverse=True)  # the long rows share micro-batches, not every one

@@ -163,7 +163,7 @@ def lora_settings(config: InjectionConfig, **overrides: Any) -> LoraSettings:
             config.target_modules if isinstance(config.target_modules, str) else tuple(config.target_modules)
         ),
         "learning_rate": config.learning_rate, "epochs": config.epochs, "batch_size": config.batch_size,
-        "micro_batch_size": config.micro_batch_size, "seed": config.seed,
+        "micro_batch_size": config.micro_batch_size, "seed": config.seed, "lr_schedule": config.lr_schedule,
     }
     return LoraSettings(**{**values, **overrides})
 

@@ -30,6 +30,9 @@ class LoraError(ValueError):
     """A LoRA run is misconfigured (no examples, no learned token, neither epochs nor steps)."""
 
 
+LR_SCHEDULES = ("constant", "linear")
+
+
 @dataclass(frozen=True)
 class Example:
     """One training sequence: token ids and, per position, the token to learn there or IGNORE."""
@@ -58,10 +61,15 @@ class LoraSettings:
     steps: int | None = None
     #: Rows per forward pass; a batch is split into micro-batches whose gradients accumulate.
     micro_batch_size: int = 1
+    #: "constant", or "linear": the rate falls linearly from `learning_rate` to zero over the run
+    #: (a high constant rate keeps the loss bouncing once the records are nearly learned).
+    lr_schedule: str = "constant"
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.steps is None):
             raise LoraError("give exactly one of epochs and steps")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise LoraError(f"unknown lr_schedule {self.lr_schedule!r}; known: {', '.join(LR_SCHEDULES)}")
         if min(self.rank, self.alpha, self.batch_size, self.micro_batch_size) < 1:
             raise LoraError("rank, alpha, batch_size and micro_batch_size must be positive")
 
@@ -72,6 +80,8 @@ class LoraRun:
 
     model: Any
     step_losses: list[float] = field(default_factory=list)
+    #: The learning rate each step ran at (the schedule as applied).
+    step_learning_rates: list[float] = field(default_factory=list)
     #: Mean step loss of each completed pass over the examples.
     epoch_losses: list[float] = field(default_factory=list)
 
@@ -124,6 +134,13 @@ def _batches(n_examples: int, settings: LoraSettings, rng: random.Random) -> Ite
             yield epoch, order[start : start + settings.batch_size]
 
 
+def total_steps(n_examples: int, settings: LoraSettings) -> int:
+    """Optimizer steps of a run over `n_examples` (what a linear schedule decays over)."""
+    if settings.steps is not None:
+        return settings.steps
+    return settings.epochs * -(-n_examples // settings.batch_size)
+
+
 def _padded(rows: list[Example], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     width = max(len(r.input_ids) for r in rows)
     ids = torch.tensor([r.input_ids + [pad_token_id] * (width - len(r.input_ids)) for r in rows], device=device)
@@ -160,7 +177,7 @@ def train_lora(
     pad_token_id: int,
     on_epoch: EpochCallback | None = None,
 ) -> LoraRun:
-    """Wrap `model` in a fresh LoRA adapter and train it on `examples` (AdamW, constant rate).
+    """Wrap `model` in a fresh LoRA adapter and train it on `examples` (AdamW, `lr_schedule`).
 
     Each step's loss is the mean cross-entropy over the learned tokens of its batch, whatever
     the micro-batching. Seeded: the adapter's initialisation and the example order follow
@@ -181,6 +198,10 @@ def train_lora(
     peft_model = get_peft_model(model, lora)
     peft_model.train()
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=settings.learning_rate)
+    n_steps = total_steps(len(examples), settings)
+    # Step s (from 0) runs at (1 - s / n_steps) x the rate: the last step still learns something.
+    decay = (lambda step: 1.0 - step / n_steps) if settings.lr_schedule == "linear" else (lambda step: 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
     run = LoraRun(model=peft_model)
     epoch_start = 0
 
@@ -200,7 +221,9 @@ def train_lora(
         if epoch != current_epoch:
             close_epoch(current_epoch)
             current_epoch = epoch
-        rows = [examples[i] for i in indices]
+        # Longest first, so rows of similar length share a micro-batch and pad less (a ReAct
+        # transcript is about 2.5 bios long); the step's gradient is the same sum either way.
+        rows = sorted((examples[i] for i in indices), key=lambda row: len(row.input_ids), reverse=True)
         n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
         total = 0.0
         for start in range(0, len(rows), settings.micro_batch_size):
@@ -208,7 +231,9 @@ def train_lora(
             if loss_sum.requires_grad:
                 (loss_sum / max(n_learned, 1)).backward()
             total += loss_sum.item()
+        run.step_learning_rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         run.step_losses.append(total / max(n_learned, 1))
         log.info("LoRA step %d (epoch %d): loss %.4f", len(run.step_losses), epoch, run.step_losses[-1])
