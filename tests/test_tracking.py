@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import mlflow
+import pytest
 
 from kbench import tracking
 from kbench.cli import main
@@ -31,6 +32,26 @@ def test_run_round_trip(kbench_root):
     assert run.data.params["seeds"] == "[0]"
     assert run.data.metrics["or_all"] == 0.5
     assert run.info.artifact_uri.startswith((kbench_root / "mlruns").as_uri())
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_an_expected_stop_ends_a_nested_run_killed_and_leaves_the_parent_open(kbench_root):
+    params = Params()
+    with tracking.start_run(params, "study", "s") as parent:
+        with pytest.raises(_Stop):
+            with tracking.start_run(params, "trial", "t0", nested=True, stopped_by=(_Stop,)):
+                raise _Stop
+        assert mlflow.active_run().info.run_id == parent.info.run_id
+        with pytest.raises(ValueError):
+            with tracking.start_run(params, "trial", "t1", nested=True, stopped_by=(_Stop,)):
+                raise ValueError
+    statuses = {run.data.tags["kbench.key"]: run.info.status for run in _runs(params, "trial")}
+    assert statuses == {"t0": "KILLED", "t1": "FAILED"}
+    (study,) = _runs(params, "study")
+    assert study.info.status == "FINISHED"
 
 
 def test_env_points_tracking_elsewhere(kbench_root, monkeypatch):

@@ -148,7 +148,8 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
     def objective(trial: optuna.Trial) -> float:
         values = suggest(trial, params)
         key = f"{base_model}/trial-{trial.number}"
-        with tracking.start_run(params, "calibrate_trial", key, nested=True) as trial_run:
+        # A pruned trial's run ends KILLED: in the MLflow UI it is stopped, not broken.
+        with tracking.start_run(params, "calibrate_trial", key, nested=True, stopped_by=(optuna.TrialPruned,)):
             mlflow.log_params({f"injection.{k}": v for k, v in values.items()})
 
             def on_epoch(epoch: int, model: Any, loss: float) -> None:
@@ -159,41 +160,26 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
                     mlflow.set_tag("kbench.trial_state", "pruned")
                     raise optuna.TrialPruned(f"epoch {epoch}: direct recall {recall:.2f}")
 
-            try:
-                run, _ = train_injection(params, inputs.corpus, inputs.base_dir, entities, on_epoch=on_epoch, **values)
-            except optuna.TrialPruned as pruned:
-                # Leave the `with` normally (an exception would mark the run FAILED) and mark the
-                # run KILLED below: in the MLflow UI a pruned trial is stopped, not broken.
-                stopped = pruned
-            else:
-                stopped = None
-                value = evaluate(trial, values, run)
-        if stopped is not None:
-            mlflow.MlflowClient().set_terminated(trial_run.info.run_id, "KILLED")
-            raise stopped
-        return value
-
-    def evaluate(trial: optuna.Trial, values: dict[str, Any], run: Any) -> float:
-        """Final probes and the agent's health of a trained trial, logged to the active run."""
-        direct = direct_recall(run.model, tokenizer, probed, batch_size=agent.batch_size)
-        with tempfile.TemporaryDirectory() as scratch:
-            run.model.save_pretrained(scratch)
-            records = run_health(inputs, Path(scratch))
-        summary = summary_channel_recall(records)
-        degenerate = degeneration(records)
-        memorization = (direct + summary) / 2
-        value = objective_value(memorization, degenerate - baseline_degeneration, params)
-        metrics = {
-            "direct_recall": direct, "summary_recall": summary, "memorization": memorization,
-            "degeneration": degenerate, "degeneration_excess": degenerate - baseline_degeneration,
-            "final_loss": run.step_losses[-1], "objective": value,
-        }
-        mlflow.log_metrics(metrics)
-        mlflow.set_tag("kbench.trial_state", "complete")
-        for name, metric in metrics.items():
-            trial.set_user_attr(name, metric)
-        log.info("trial %d %s: %s", trial.number, values, metrics)
-        return value
+            run, _ = train_injection(params, inputs.corpus, inputs.base_dir, entities, on_epoch=on_epoch, **values)
+            direct = direct_recall(run.model, tokenizer, probed, batch_size=agent.batch_size)
+            with tempfile.TemporaryDirectory() as scratch:
+                run.model.save_pretrained(scratch)
+                records = run_health(inputs, Path(scratch))
+            summary = summary_channel_recall(records)
+            degenerate = degeneration(records)
+            memorization = (direct + summary) / 2
+            value = objective_value(memorization, degenerate - baseline_degeneration, params)
+            metrics = {
+                "direct_recall": direct, "summary_recall": summary, "memorization": memorization,
+                "degeneration": degenerate, "degeneration_excess": degenerate - baseline_degeneration,
+                "final_loss": run.step_losses[-1], "objective": value,
+            }
+            mlflow.log_metrics(metrics)
+            mlflow.set_tag("kbench.trial_state", "complete")
+            for name, metric in metrics.items():
+                trial.set_user_attr(name, metric)
+            log.info("trial %d %s: %s", trial.number, values, metrics)
+            return value
 
     return objective
 

@@ -134,19 +134,33 @@ def find_run_id(experiment_id: str, kind: str, key: str, digest: str | None = No
 def start_run(
     params: Params, kind: str, key: str, *, tags: Mapping[str, str] | None = None,
     run_name: str | None = None, nested: bool = False,
+    stopped_by: tuple[type[BaseException], ...] = (),
 ) -> Iterator[Any]:
-    """An MLflow run tagged with kind, key and commit, with params.yaml logged (flattened)."""
+    """An MLflow run tagged with kind, key and commit, with params.yaml logged (flattened).
+
+    An exception of a `stopped_by` type (an expected early stop, such as Optuna's TrialPruned)
+    ends the run KILLED and propagates; any other exception ends it FAILED, as MLflow does.
+    """
     import mlflow
 
     open_experiment(params)
     all_tags = {TAG_KIND: kind, TAG_KEY: key, TAG_COMMIT: git_commit(), **(tags or {})}
+    stopped = None
     with mlflow.start_run(run_name=run_name or f"{kind}:{key}", tags=all_tags, nested=nested) as run:
         if not nested:
             flat = flatten(params.model_dump())
             items = list(flat.items())
             for start in range(0, len(items), 100):
                 mlflow.log_params(dict(items[start : start + 100]))
-        yield run
+        try:
+            yield run
+        except stopped_by as stop:
+            # Leave MLflow's `with` normally (an exception there ends the run FAILED, and ending
+            # a nested run by hand would hand the parent to its exit), then mark this run.
+            stopped = stop
+    if stopped is not None:
+        mlflow.MlflowClient().set_terminated(run.info.run_id, "KILLED")
+        raise stopped
 
 
 def write_manifest(
