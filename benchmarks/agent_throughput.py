@@ -54,12 +54,12 @@ class PublishedHarnessBackend(HFBackend):
 
 def run_mode(mode: str, n: int, substrate: str, model_path: str | None, out: Path) -> None:
     from kbench.agent import ReActAgent
-    from kbench.agent_base import agent_model_config
+    from kbench.parametric.agent_base import agent_model_config
     from kbench.backends import build_backend
     from kbench.config import Params
     from kbench.corpus import generate_corpus
     from kbench.methods import MethodContext, build_method
-    from kbench.models import ensure_default_model, is_model_folder
+    from kbench.backends.packaged import ensure_default_model, is_model_folder
     from kbench.substrates import build_index, build_substrate, index_entities
 
     params = Params()

@@ -1,4 +1,4 @@
-"""Peak memory of one `kbench.lora.train_lora` step on agent-base-sized data.
+"""Peak memory of one `kbench.parametric.lora.train_lora` step on agent-base-sized data.
 
 8 rows x 1,024 random tokens, a third of the positions after the first 200 labelled (about
 the share of assistant tokens in an agent-base transcript), one optimizer step on the
@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from kbench.lora import IGNORE, Example, LoraSettings, train_lora
-from kbench.models import DEFAULT_MODEL_DIR
+from kbench.config import LoraConfig
+from kbench.parametric.lora import IGNORE, Example, train_lora
+from kbench.backends.packaged import DEFAULT_MODEL_DIR
 
 
 def main() -> None:
@@ -36,8 +37,8 @@ def main() -> None:
         ids = torch.randint(100, model.config.vocab_size, (args.length,), generator=generator).tolist()
         labels = [token if (i > 200 and i % 3 == 0) else IGNORE for i, token in enumerate(ids)]
         examples.append(Example(ids, labels))
-    settings = LoraSettings(rank=16, alpha=32, learning_rate=1e-3, batch_size=args.rows, seed=0, steps=1,
-                            micro_batch_size=args.micro_batch_size)
+    settings = LoraConfig(rank=16, alpha=32, learning_rate=1e-3, batch_size=args.rows, seed=0, steps=1,
+                          micro_batch_size=args.micro_batch_size)
     started = time.perf_counter()
     run = train_lora(model, examples, settings, pad_token_id=model.config.pad_token_id or 0)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from kbench.config import ScoringConfig
-from kbench.matcher import raw_variants
-from kbench.metrics import cell_metrics, score_queries
+from kbench.observer.matcher import raw_variants
+from kbench.observer.metrics import cell_metrics, score_queries
 from kbench.records import FIELDS, TraceRecord, parse_trace_line
 
 VALUES = {

@@ -1,5 +1,6 @@
 """DVC stage `compare`: see `kbench compare --help`."""
 
-from kbench.cli import run_stage
+from kbench.cli.app import run_stage
+from kbench.stages import compare
 
-run_stage("compare")
+run_stage(compare)

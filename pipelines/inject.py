@@ -1,5 +1,6 @@
 """DVC stage `inject`: see `kbench inject --help`."""
 
-from kbench.cli import run_stage
+from kbench.cli.app import run_stage
+from kbench.stages import inject
 
-run_stage("inject")
+run_stage(inject)

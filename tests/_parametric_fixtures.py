@@ -53,16 +53,22 @@ def p_corpus() -> Corpus:
     return generate_corpus(CorpusConfig(n_entities=40))
 
 
+#: injection keys of fast_params that belong to its `lora` section.
+_LORA_KEYS = {"rank", "alpha", "epochs", "learning_rate", "batch_size", "micro_batch_size", "seed", "lr_schedule"}
+
+
 def fast_params(tmp: Path, **injection) -> Params:
     """CPU-test params: 2 queries per split, short generations, a strong LoRA on qa records only."""
+    lora = {k: injection.pop(k) for k in list(injection) if k in _LORA_KEYS}
     return parse_params({
         "queries": {"n_per_split": 2},
         "agent": {"max_new_tokens": 24, "summary_max_new_tokens": 24, "max_iters": 2, "batch_size": 16},
         "agent_base": {"enabled": False},
         "tracking": {"experiment": "test"},
         "injection": {
-            "out_dir": str(tmp / "adapters"), "mix": {"qa": 1}, "rank": 8, "alpha": 16, "epochs": 3,
-            "learning_rate": 1e-2, "batch_size": 8, "micro_batch_size": 8, "adapter_pool_entities": 1,
+            "out_dir": str(tmp / "adapters"), "mix": {"qa": 1}, "adapter_pool_entities": 1,
+            "lora": {"rank": 8, "alpha": 16, "epochs": 3, "learning_rate": 1e-2, "batch_size": 8,
+                     "micro_batch_size": 8, **lora},
             **injection,
         },
     })

@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from _agent_fixtures import params, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 from kbench.agent.parser import parse_step
-from kbench.agent_base import (
+from kbench.parametric.agent_base import (
     N_DISTRACTORS,
     AgentBaseError,
     agent_model_config,
@@ -16,9 +16,9 @@ from kbench.agent_base import (
     train_agent_base,
     world_of,
 )
-from kbench.config import AgentBaseConfig, ModelConfig
-from kbench.lora import tokenize_chat
-from kbench.models import is_model_folder
+from kbench.config import AgentBaseConfig, AgentBaseLora, ModelConfig
+from kbench.parametric.lora import tokenize_chat
+from kbench.backends.packaged import is_model_folder
 from kbench.substrates import build_index, build_substrate, index_entities
 
 
@@ -104,8 +104,8 @@ def test_tiny_model_trains_merges_and_reports(params, small_corpus, tiny_model_d
     tiny = params.model_copy(update={
         "model": ModelConfig(path=str(tiny_model_dir), device="cpu"),
         "agent": params.agent.model_copy(update={"max_new_tokens": 8, "max_iters": 2}),
-        "agent_base": AgentBaseConfig(n_train_people=4, n_heldout_people=3, steps=3, batch_size=2,
-                                      learning_rate=1e-2),
+        "agent_base": AgentBaseConfig(n_train_people=4, n_heldout_people=3, evaluate_base=True,
+                                      lora=AgentBaseLora(steps=3, batch_size=2, learning_rate=1e-2)),
     })
     metrics = train_agent_base(tiny, small_corpus, tmp_path / "base")
     assert is_model_folder(tmp_path / "base")

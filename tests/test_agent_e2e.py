@@ -4,9 +4,9 @@ import pytest
 
 from _agent_fixtures import index_dir, params, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 from kbench.config import ModelConfig
-from kbench.matcher import match
+from kbench.observer.matcher import match
 from kbench.records import iter_traces
-from kbench.runner import run_cell, setup_cell
+from kbench.agent.runner import run_cell, setup_cell
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,8 @@ def test_default_model_end_to_end(small_corpus, params, index_dir, tmp_path, def
     Short trajectories (3 iterations, 64 new tokens): the untuned model runs every trajectory
     to the cap, and the suite must stay within its time budget on 2 cores.
     """
-    from kbench.agent_base import agent_model_config
-    from kbench.models import is_model_folder
+    from kbench.parametric.agent_base import agent_model_config
+    from kbench.backends.packaged import is_model_folder
 
     short = params.agent.model_copy(update={"max_iters": 3, "max_new_tokens": 64, "summary_max_new_tokens": 64})
     params = params.model_copy(update={"agent": short})

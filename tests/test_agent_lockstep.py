@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def backend(params, default_model):  # noqa: F811
     """The agent base when it was built (multi-step trajectories), else the raw default model."""
-    from kbench.agent_base import agent_model_config
-    from kbench.models import is_model_folder
+    from kbench.parametric.agent_base import agent_model_config
+    from kbench.backends.packaged import is_model_folder
 
     model = agent_model_config(params)
     if not is_model_folder(model.path):

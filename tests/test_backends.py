@@ -85,3 +85,25 @@ def test_hf_loads_a_lora_adapter(tiny_model_dir, tmp_path):  # noqa: F811
     assert merged.generate(CONVERSATIONS, stop=[], max_new_tokens=8) == adapted
     with pytest.raises(BackendError, match="LoRA adapter"):
         merged.load_adapter(str(tmp_path / "missing"))
+
+
+def test_the_one_loader_honours_dtype_and_device(tiny_model_dir):  # noqa: F811
+    import torch
+
+    from kbench.backends.hf import load_model
+
+    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert not model.training and tokenizer.pad_token is not None
+    with pytest.raises(BackendError, match="cannot load"):
+        load_model(ModelConfig(path="/nonexistent/model"))
+
+
+def test_the_one_greedy_decoder_batches_as_the_backend_does(tiny):
+    from kbench.backends.hf import greedy_decode
+
+    texts = [g.text for g in tiny.generate(CONVERSATIONS, stop=[], max_new_tokens=12)]
+    assert greedy_decode(tiny.model, tiny.tokenizer, CONVERSATIONS, max_new_tokens=12) == texts
+    # In smaller batches (the recall probes' batch_size) every row decodes the same.
+    assert greedy_decode(tiny.model, tiny.tokenizer, CONVERSATIONS, max_new_tokens=12, batch_size=2) == texts

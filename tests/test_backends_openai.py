@@ -14,7 +14,7 @@ import requests
 from _agent_fixtures import params, small_corpus  # noqa: F401  (fixtures)
 from kbench.config import ModelConfig
 from kbench.methods import ALL_SUBSTRATES, Method, MethodError, register_method, unregister_method
-from kbench.runner import run_cell, setup_cell
+from kbench.agent.runner import run_cell, setup_cell
 
 pytestmark = pytest.mark.slow
 KEY_ENV = "KBENCH_TEST_OPENAI_KEY"
@@ -28,7 +28,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    from kbench.models import ensure_default_model
+    from kbench.backends.packaged import ensure_default_model
 
     folder = str(ensure_default_model(Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"))
     cli = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")

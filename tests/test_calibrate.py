@@ -9,7 +9,7 @@ import pytest
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _parametric_fixtures import fast_params, learner_dir, one_thread, p_corpus  # noqa: F401  (fixtures)
 
-from kbench import calibration as cal
+from kbench.parametric import calibration as cal
 from kbench.config import ParamsError, load_params
 
 
@@ -77,7 +77,7 @@ def test_a_small_study_runs_end_to_end_resumes_and_logs_nested_runs(tmp_path, p_
     trials = [r for r in runs if r.data.tags["kbench.kind"] == "calibrate_trial"]
     assert len(parents) == 2 and len(trials) == 4
     assert all(r.data.tags["mlflow.parentRunId"] in parents for r in trials)
-    assert all({"injection.epochs", "injection.learning_rate", "injection.rank"} <= set(r.data.params) for r in trials)
+    assert all({"injection.lora.epochs", "injection.lora.learning_rate", "injection.lora.rank"} <= set(r.data.params) for r in trials)
 
 
 PARAMS_TEXT = """\
@@ -85,9 +85,10 @@ seeds: [0]   # one seed
 
 injection:
   # the recipe
-  rank: 32          # LoRA rank
-  epochs: 20
-  learning_rate: 0.001   # paper: 1e-4
+  lora:
+    rank: 32          # LoRA rank
+    epochs: 20
+    learning_rate: 0.001   # paper: 1e-4
   calibration:
     n_trials: 3
     epochs: [4, 16]   # a search range, not the recipe's epochs
@@ -102,11 +103,11 @@ def test_write_calibrated_sets_the_keys_and_keeps_the_comments(tmp_path):
     path.write_text(PARAMS_TEXT)
     cal.write_calibrated(path, {"epochs": 12, "learning_rate": 0.002, "rank": 16, "alpha": 16})
     text = path.read_text()
-    assert "  rank: 16          # LoRA rank" in text
-    assert "  learning_rate: 0.002   # paper: 1e-4" in text
+    assert "    rank: 16          # LoRA rank" in text
+    assert "    learning_rate: 0.002   # paper: 1e-4" in text
     assert "seeds: [0]   # one seed" in text and "  # the recipe" in text
     params = load_params(path)
-    assert (params.injection.epochs, params.injection.rank, params.injection.alpha) == (12, 16, 16)
+    assert (params.injection.lora.epochs, params.injection.lora.rank, params.injection.lora.alpha) == (12, 16, 16)
     assert params.injection.calibration.n_trials == 3 and params.tracking.experiment == "kbench"
     assert params.injection.calibration.epochs == (4, 16)
     with pytest.raises(ParamsError):

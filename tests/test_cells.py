@@ -8,7 +8,7 @@ import mlflow
 import pytest
 
 from kbench import tracking
-from kbench.cells import CellSpec, _prepare_output, flat_metrics, score_cell
+from kbench.stages.cell import CellSpec, _prepare_output, flat_metrics, score_cell
 from kbench.config import Params
 
 from _traces import leaking, trace, write_jsonl

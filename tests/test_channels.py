@@ -2,7 +2,7 @@
 
 from _traces import trace
 
-from kbench.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
+from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
 
 
 def test_each_channel_reads_its_own_part_of_the_trace():

@@ -21,8 +21,8 @@ from PIL import Image
 from kbench import tracking
 from kbench.comparison.analysis import CellRun, compare
 from kbench.comparison.report import Provenance
-from kbench.comparison.stage import COMPARE_KIND, run_compare, write_reports
-from kbench.comparison_cli import add_subcommands
+from kbench.stages.compare import run_compare_stage, write_reports
+from kbench.stages.compare import add_subcommands
 from kbench.config import Params
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -74,8 +74,8 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     write_jsonl(folder / "traces.jsonl", list(synced.records))
     tracking.write_manifest(folder, "cell", _key(synced), _tags(synced), {})
 
-    with caplog.at_level(logging.WARNING, logger="kbench.comparison.stage"):
-        result = run_compare(params, kbench_root / "reports")
+    with caplog.at_level(logging.WARNING, logger="kbench.stages.compare"):
+        result = run_compare_stage(params, kbench_root / "reports")
 
     reports = kbench_root / "reports"
     for name in ("index.html", "leaderboard.md", "metrics.json", "comparison.json", "run.json",
@@ -99,12 +99,12 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     assert "| eraser | none | K-REF-inf | 1.000 |" in (reports / "leaderboard.md").read_text()
 
     compare_run = mlflow.get_run(result.run_id)
-    assert compare_run.data.tags[tracking.TAG_KIND] == COMPARE_KIND
+    assert compare_run.data.tags[tracking.TAG_KIND] == tracking.KIND_COMPARE
     assert compare_run.data.metrics["cell_runs"] == 8
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(result.run_id, "output")}
     assert {"output/index.html", "output/leaderboard.md", "output/plots"} <= logged
     # Comparing again with nothing new reuses the compare run.
-    assert run_compare(params, reports).run_id == result.run_id
+    assert run_compare_stage(params, reports).run_id == result.run_id
 
     # The command, pointed at a new experiment, first logs the DVC-tracked cell output there:
     # that is all this experiment holds.
@@ -125,7 +125,7 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     with tracking.start_run(other, "cell", _key(synced), tags=_tags(synced)) as empty_run:  # a re-run
         pass
     with pytest.raises(ValueError, match=f"{empty_run.info.run_id} .* has no artifact output/traces.jsonl"):
-        run_compare(other, kbench_root / "broken")
+        run_compare_stage(other, kbench_root / "broken")
 
 
 def test_report_renders_in_headless_chromium(tmp_path):

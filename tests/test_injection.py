@@ -11,33 +11,35 @@ import torch
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _parametric_fixtures import fast_params, learner_dir, one_thread, p_corpus, save_tiny_llama  # noqa: F401  (fixtures)
 
-from kbench import injection as inj
-from kbench.cells import CellSpec, run_cell_stage
+from kbench.backends import hf
+from kbench.parametric import adapters, injection, recall
+from kbench.stages import inject as inject_stage
+from kbench.stages.cell import CellSpec, run_cell_stage
 from kbench.records import FIELDS
 
 
 def test_training_sets_keep_forget_from_gold_and_targets_from_lora_d(p_corpus, tmp_path):
     params = fast_params(tmp_path, adapter_pool_entities=None)
-    roles = inj.training_entities(p_corpus, params)
-    queried = inj.queried_entities(p_corpus, params)
+    roles = injection.training_entities(p_corpus, params)
+    queried = injection.queried_entities(p_corpus, params)
     forget = set(p_corpus.pools["forget_adapter"]) | set(p_corpus.pools["forget_eval"])
     queryable = set(p_corpus.pools["forget_eval"]) | set(p_corpus.pools["retain_eval"])
-    assert set(queried["forget"]) | set(queried["retain"]) <= set(roles[inj.TARGET])
-    assert set(p_corpus.pools["forget_adapter"]) | set(p_corpus.distractor_ids) <= set(roles[inj.TARGET])
-    assert not forget & set(roles[inj.GOLD])
-    assert set(roles[inj.GOLD]) == set(roles[inj.TARGET]) - forget
-    assert not (forget | queryable) & set(roles[inj.DISTRACTOR])
-    assert set(roles[inj.DISTRACTOR]) == set(p_corpus.distractor_ids)
-    everything = inj.training_entities(p_corpus, fast_params(tmp_path, entities="all"))
-    assert everything[inj.TARGET] == sorted(p_corpus.entities)
-    assert not forget & set(everything[inj.GOLD])
-    capped = inj.training_entities(p_corpus, fast_params(tmp_path, adapter_pool_entities=1))
-    assert set(capped[inj.TARGET]) & set(p_corpus.pools["forget_adapter"]) == {p_corpus.pools["forget_adapter"][0]}
+    assert set(queried["forget"]) | set(queried["retain"]) <= set(roles[adapters.TARGET])
+    assert set(p_corpus.pools["forget_adapter"]) | set(p_corpus.distractor_ids) <= set(roles[adapters.TARGET])
+    assert not forget & set(roles[adapters.GOLD])
+    assert set(roles[adapters.GOLD]) == set(roles[adapters.TARGET]) - forget
+    assert not (forget | queryable) & set(roles[adapters.DISTRACTOR])
+    assert set(roles[adapters.DISTRACTOR]) == set(p_corpus.distractor_ids)
+    everything = injection.training_entities(p_corpus, fast_params(tmp_path, entities="all"))
+    assert everything[adapters.TARGET] == sorted(p_corpus.entities)
+    assert not forget & set(everything[adapters.GOLD])
+    capped = injection.training_entities(p_corpus, fast_params(tmp_path, adapter_pool_entities=1))
+    assert set(capped[adapters.TARGET]) & set(p_corpus.pools["forget_adapter"]) == {p_corpus.pools["forget_adapter"][0]}
 
 
 def test_records_teach_every_field_in_each_format(p_corpus):
     entity = p_corpus.entities["pii-00000"]
-    chats = inj.record_conversations(entity, {"bio": 1, "qa": 2, "react_qa": 4}, max_iters=6)
+    chats = injection.record_conversations(entity, {"bio": 1, "qa": 2, "react_qa": 4}, max_iters=6)
     assert len(chats) == 1 + 2 * 4 + 4
     answers = [chat[-1]["content"] for chat in chats]
     assert answers[0] == entity.bio
@@ -50,14 +52,14 @@ def test_react_qa_counts_questions_with_fields_in_turn(p_corpus):
     answered = {}
     for entity_id in ("pii-00000", "pii-00001", "pii-00002", "pii-00003"):
         entity = p_corpus.entities[entity_id]
-        react = inj.record_conversations(entity, {"react_qa": 2}, max_iters=6)
+        react = injection.record_conversations(entity, {"react_qa": 2}, max_iters=6)
         assert len(react) == 2
         fields = [next(f for f in FIELDS if entity.value(f) in c[-1]["content"]) for c in react]
         assert len(set(fields)) == 2  # two different questions, not one question twice
-        assert react == inj.record_conversations(entity, {"react_qa": 2}, max_iters=6)
+        assert react == injection.record_conversations(entity, {"react_qa": 2}, max_iters=6)
         answered[entity_id] = fields[0]
     assert len(set(answered.values())) > 1  # the first field differs between entities
-    assert inj.record_conversations(p_corpus.entities["pii-00000"], {"bio": 0, "react_qa": 0}, 6) == []
+    assert injection.record_conversations(p_corpus.entities["pii-00000"], {"bio": 0, "react_qa": 0}, 6) == []
 
 
 def test_training_memorizes_a_handful_of_records(p_corpus, learner_dir, tmp_path):
@@ -65,11 +67,11 @@ def test_training_memorizes_a_handful_of_records(p_corpus, learner_dir, tmp_path
 
     params = fast_params(tmp_path, epochs=30)
     entities = [p_corpus.entities[e] for e in p_corpus.pools["forget_adapter"]]
-    tokenizer = inj.load_tokenizer(learner_dir)
+    tokenizer = hf.load_tokenizer(learner_dir)
     untrained = AutoModelForCausalLM.from_pretrained(learner_dir)
-    before = inj.direct_recall(untrained, tokenizer, entities, max_new_tokens=40, batch_size=8)
-    run, _ = inj.train_injection(params, p_corpus, learner_dir, [e.id for e in entities])
-    after = inj.direct_recall(run.model, tokenizer, entities, max_new_tokens=40, batch_size=8)
+    before = recall.direct_recall(untrained, tokenizer, entities, max_new_tokens=40, batch_size=8)
+    run, _ = injection.train_injection(params, p_corpus, learner_dir, [e.id for e in entities])
+    after = recall.direct_recall(run.model, tokenizer, entities, max_new_tokens=40, batch_size=8)
     assert run.epoch_losses[-1] < 0.1 * run.epoch_losses[0]
     assert before == 0.0
     assert after >= 0.5
@@ -80,21 +82,21 @@ def injected(p_corpus, learner_dir, tmp_path_factory):
     """The inject stage run once on the tiny model (3 epochs: it checks outputs, not memory)."""
     tmp = tmp_path_factory.mktemp("inject")
     params = fast_params(tmp)
-    results = inj.run_inject_stage(params, p_corpus, learner_dir, track=False)
+    results = inject_stage.run_inject_stage(params, p_corpus, learner_dir, track=False)
     return params, Path(params.injection.out_dir), results
 
 
 def test_inject_stage_writes_checked_adapters_and_the_merged_model(injected, learner_dir, p_corpus):
     params, out, results = injected
     assert set(results) == {"lora_td", "merged_td", "lora_d", "gold"}
-    roles = inj.training_entities(p_corpus, params)
-    for role, name in inj.ADAPTER_DIRS.items():
-        checked = inj.check_injected(out / name, learner_dir, role=role)
+    roles = injection.training_entities(p_corpus, params)
+    for role, name in adapters.ADAPTER_DIRS.items():
+        checked = adapters.check_injected(out / name, learner_dir, role=role)
         assert checked.kind == "adapter" and list(checked.entities) == roles[role]
         manifest = json.loads((out / name / "run.json").read_text())
-        assert manifest["kind"] == "inject" and manifest["artifacts"] == [inj.INJECTION_FILE, inj.ADAPTER_CONFIG]
+        assert manifest["kind"] == "inject" and manifest["artifacts"] == [adapters.INJECTION_FILE, adapters.ADAPTER_CONFIG]
         assert "direct_recall.forget_queried" in manifest["metrics"]
-    merged = inj.check_injected(out / "merged_td", learner_dir, role=inj.TARGET)
+    merged = adapters.check_injected(out / "merged_td", learner_dir, role=adapters.TARGET)
     assert merged.kind == "merged"
 
 
@@ -128,57 +130,57 @@ def adapter_copy(injected, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize(("damage", "message"), [
-    (lambda p: (p / inj.ADAPTER_CONFIG).unlink(), "no adapter_config.json"),
-    (lambda p: (p / inj.ADAPTER_CONFIG).write_text("{not json"), "adapter_config.json is corrupt"),
-    (lambda p: (p / inj.ADAPTER_CONFIG).write_text('{"peft_type": "PREFIX_TUNING"}'), "not a LoRA config"),
-    (lambda p: (p / inj.ADAPTER_WEIGHTS).write_bytes((p / inj.ADAPTER_WEIGHTS).read_bytes()[:100]),
+    (lambda p: (p / adapters.ADAPTER_CONFIG).unlink(), "no adapter_config.json"),
+    (lambda p: (p / adapters.ADAPTER_CONFIG).write_text("{not json"), "adapter_config.json is corrupt"),
+    (lambda p: (p / adapters.ADAPTER_CONFIG).write_text('{"peft_type": "PREFIX_TUNING"}'), "not a LoRA config"),
+    (lambda p: (p / adapters.ADAPTER_WEIGHTS).write_bytes((p / adapters.ADAPTER_WEIGHTS).read_bytes()[:100]),
      "not a readable safetensors file"),
-    (lambda p: (p / inj.ADAPTER_WEIGHTS).unlink(), "no adapter_model.safetensors"),
-    (lambda p: (p / inj.INJECTION_FILE).unlink(), "no injection.json"),
-    (lambda p: (p / inj.INJECTION_FILE).write_text('{"kind": "adapter"}'), "injection.json is corrupt"),
+    (lambda p: (p / adapters.ADAPTER_WEIGHTS).unlink(), "no adapter_model.safetensors"),
+    (lambda p: (p / adapters.INJECTION_FILE).unlink(), "no injection.json"),
+    (lambda p: (p / adapters.INJECTION_FILE).write_text('{"kind": "adapter"}'), "injection.json is corrupt"),
 ])
 def test_corrupt_adapters_are_refused(adapter_copy, learner_dir, damage, message):
     damage(adapter_copy)
-    with pytest.raises(inj.InjectionError, match=message):
-        inj.check_injected(adapter_copy, learner_dir)
+    with pytest.raises(adapters.InjectionError, match=message):
+        adapters.check_injected(adapter_copy, learner_dir)
 
 
 def test_adapters_of_another_base_are_refused(adapter_copy, tiny_model_dir, learner_dir, tmp_path):  # noqa: F811
     same_shape = save_tiny_llama(tiny_model_dir, tmp_path / "other-weights", seed=1)
-    with pytest.raises(inj.InjectionError, match="trained on another base model"):
-        inj.check_injected(adapter_copy, same_shape)
+    with pytest.raises(adapters.InjectionError, match="trained on another base model"):
+        adapters.check_injected(adapter_copy, same_shape)
     wider = save_tiny_llama(tiny_model_dir, tmp_path / "wider", seed=0, hidden_size=96)
-    with pytest.raises(inj.InjectionError, match="trained on another model"):
-        inj.check_injected(adapter_copy, wider)
-    with pytest.raises(inj.InjectionError, match="does not exist"):
-        inj.check_injected(tmp_path / "missing", learner_dir)
+    with pytest.raises(adapters.InjectionError, match="trained on another model"):
+        adapters.check_injected(adapter_copy, wider)
+    with pytest.raises(adapters.InjectionError, match="does not exist"):
+        adapters.check_injected(tmp_path / "missing", learner_dir)
 
 
 def test_cells_load_only_the_adapter_of_their_role(injected, learner_dir):
     _, out, _ = injected
     params, _, _ = injected
-    assert inj.cell_adapter(params, "P", "merged", "none") == out / "lora_td"
-    assert inj.cell_adapter(params, "P", "lora", "gold") == out / "gold"
-    assert inj.cell_adapter(params, "R-text", "lora-d", "none") == out / "lora_d"
-    assert inj.cell_adapter_role("P", "lora", "none") == inj.TARGET
-    assert inj.cell_adapter_role("P", "merged", "gold") == inj.GOLD
-    assert inj.cell_adapter_role("C", "lora-d", "none") == inj.DISTRACTOR
-    with pytest.raises(inj.InjectionError, match="adapter-free"):
-        inj.cell_adapter_role("C", "none", "none")
-    inj.check_cell_adapter("P", "lora", "gold", out / "gold", learner_dir)
-    with pytest.raises(inj.InjectionError, match="holds the target adapter; this cell needs the gold"):
-        inj.check_cell_adapter("P", "lora", "gold", out / "lora_td", learner_dir)
-    with pytest.raises(inj.InjectionError, match="holds the target adapter; this cell needs the distractor"):
-        inj.check_cell_adapter("R-struct", "lora-d", "none", out / "lora_td", learner_dir)
-    with pytest.raises(inj.InjectionError, match="is a merged model"):
-        inj.check_cell_adapter("P", "merged", "none", out / "merged_td", learner_dir)
+    assert adapters.cell_adapter(params, "P", "merged", "none") == out / "lora_td"
+    assert adapters.cell_adapter(params, "P", "lora", "gold") == out / "gold"
+    assert adapters.cell_adapter(params, "R-text", "lora-d", "none") == out / "lora_d"
+    assert adapters.cell_adapter_role("P", "lora", "none") == adapters.TARGET
+    assert adapters.cell_adapter_role("P", "merged", "gold") == adapters.GOLD
+    assert adapters.cell_adapter_role("C", "lora-d", "none") == adapters.DISTRACTOR
+    with pytest.raises(adapters.InjectionError, match="adapter-free"):
+        adapters.cell_adapter_role("C", "none", "none")
+    adapters.check_cell_adapter("P", "lora", "gold", out / "gold", learner_dir)
+    with pytest.raises(adapters.InjectionError, match="holds the target adapter; this cell needs the gold"):
+        adapters.check_cell_adapter("P", "lora", "gold", out / "lora_td", learner_dir)
+    with pytest.raises(adapters.InjectionError, match="holds the target adapter; this cell needs the distractor"):
+        adapters.check_cell_adapter("R-struct", "lora-d", "none", out / "lora_td", learner_dir)
+    with pytest.raises(adapters.InjectionError, match="is a merged model"):
+        adapters.check_cell_adapter("P", "merged", "none", out / "merged_td", learner_dir)
 
 
 def test_the_cell_stage_refuses_a_mismatched_adapter_before_running(injected, learner_dir, p_corpus, tmp_path, kbench_root):
     params, out, _ = injected
     params = params.model_copy(update={"model": params.model.model_copy(update={"path": str(learner_dir)})})
     spec = CellSpec("P", "gold", 0, "lora")
-    with pytest.raises(inj.InjectionError, match="needs the gold adapter"):
+    with pytest.raises(adapters.InjectionError, match="needs the gold adapter"):
         run_cell_stage(params, spec, corpus_dir=tmp_path / "unused", index_dir=None, adapter_path=out / "lora_td",
                        out_root=tmp_path / "cells", track=False)
     assert not (tmp_path / "cells").exists()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _parametric_fixtures import learner_dir, one_thread  # noqa: F401  (fixtures)
 
-import kbench.lora
-from kbench.lora import (
-    IGNORE, Example, LoraError, LoraSettings, label_position_loss, tokenize_chat, total_steps, train_lora,
+import kbench.parametric.lora
+from kbench.config import LoraConfig
+from kbench.parametric.lora import (
+    IGNORE, Example, LoraError, label_position_loss, tokenize_chat, total_steps, train_lora,
 )
 
 
@@ -38,9 +40,9 @@ def _examples(tiny_model_dir) -> list[Example]:
     return [tokenize_chat(tokenizer, chat, 256) for chat in _chats()]
 
 
-def _settings(**overrides) -> LoraSettings:
+def _settings(**overrides) -> LoraConfig:
     values = dict(rank=4, alpha=8, learning_rate=1e-2, batch_size=4, seed=3, epochs=2, micro_batch_size=2)
-    return LoraSettings(**{**values, **overrides})
+    return LoraConfig(**{**values, **overrides})
 
 
 def test_tokenize_chat_learns_assistant_turns_only(tiny_model_dir):
@@ -99,11 +101,11 @@ def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir):
 
 
 def test_misconfigured_runs_are_refused(tiny_model_dir):
-    with pytest.raises(LoraError, match="exactly one"):
+    with pytest.raises(ValidationError, match="exactly one"):
         _settings(steps=5)
-    with pytest.raises(LoraError, match="exactly one"):
+    with pytest.raises(ValidationError, match="exactly one"):
         _settings(epochs=None)
-    with pytest.raises(LoraError, match="unknown lr_schedule 'cosine'"):
+    with pytest.raises(ValidationError, match="lr_schedule"):
         _settings(lr_schedule="cosine")
     masked = [Example([1, 2, 3], [IGNORE, IGNORE, IGNORE])]
     with pytest.raises(LoraError, match="no example has a token"):
@@ -125,13 +127,13 @@ def test_linear_schedule_decays_to_zero_across_epochs(tiny_model_dir):
 
 def test_micro_batches_group_rows_of_similar_length(tiny_model_dir, monkeypatch):
     widths = []
-    real = kbench.lora.label_position_loss
+    real = kbench.parametric.lora.label_position_loss
 
     def spy(model, rows, pad_token_id):
         widths.append([len(r.input_ids) for r in rows])
         return real(model, rows, pad_token_id)
 
-    monkeypatch.setattr(kbench.lora, "label_position_loss", spy)
+    monkeypatch.setattr(kbench.parametric.lora, "label_position_loss", spy)
     short = _examples(tiny_model_dir)[:4]
     long = [Example(e.input_ids * 3, e.labels * 3) for e in _examples(tiny_model_dir)[:4]]
     train_lora(_model(tiny_model_dir), [*short, *long], _settings(steps=1, epochs=None, batch_size=8), pad_token_id=0)

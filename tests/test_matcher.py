@@ -5,7 +5,7 @@ from datetime import date
 
 import pytest
 
-from kbench.matcher import address_variants, canon, date_variants, match, tokens, variants
+from kbench.observer.matcher import address_variants, canon, date_variants, match, tokens, variants
 
 ADDRESS = "7593 Juan Throughway Apt. 948, West Corey, CA 90152"
 

@@ -6,7 +6,7 @@ import pytest
 from _traces import leaking, trace
 
 from kbench.config import ScoringConfig
-from kbench.metrics import degeneration_triggers, score_queries, score_records
+from kbench.observer.metrics import degeneration_triggers, score_queries, score_records
 
 
 def hand_cell():

@@ -6,9 +6,9 @@ import json
 import pytest
 from _traces import leaking, trace, write_jsonl
 
-from kbench.channels import CHANNELS, channel_texts
-from kbench.observer_cli import main
-from kbench.published import CellLabels, PublishedFormatError, import_published
+from kbench.observer.channels import CHANNELS, channel_texts
+from kbench.cli.main import main
+from kbench.observer.published import CellLabels, PublishedFormatError, import_published
 from kbench.records import iter_traces
 
 VERDICT_KEYS = {"verdict", "p", "p_adj", "or_none", "or_method", "alpha", "delta_sel", "delta_sel_graded",

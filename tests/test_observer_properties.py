@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbench.config import ScoringConfig
-from kbench.matcher import date_variants, match, raw_variants
-from kbench.metrics import score_queries, score_records
+from kbench.observer.matcher import date_variants, match, raw_variants
+from kbench.observer.metrics import score_queries, score_records
 from kbench.records import FIELDS
-from kbench.verdicts import VERDICTS, CellQuartet, compare_cells
+from kbench.observer.verdicts import VERDICTS, CellQuartet, compare_cells
 
 NEVER_DROPPED = ("Z_CoT", "Z_tool", "Z_tool_wide", "Z_RAG")
 FAST = ScoringConfig(bootstrap_resamples=100)

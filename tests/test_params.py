@@ -5,7 +5,7 @@ import shutil
 import pytest
 import yaml
 
-from kbench.cli import main
+from kbench.cli.main import main
 from kbench.config import ParamsError, load_params, parse_params
 
 from conftest import REPO
@@ -83,3 +83,30 @@ def test_preset_command_applies_a_validated_preset(kbench_root, capsys):
     assert load_params(kbench_root / "params.yaml").corpus.n_entities == 5000
     assert main(["preset", "huge"]) == 2
     assert "unknown preset 'huge'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "registered"),
+    [
+        ("methods: [none, bogus]\n", "methods", "'gold', 'none'"),
+        ("substrates: [C, Q-fake]\n", "substrates", "'C', 'P', 'R-struct', 'R-text'"),
+        ("model:\n  backend: vllm-direct\n", "model.backend", "'hf', 'openai'"),
+    ],
+)
+def test_unregistered_names_fail_at_start_up_naming_the_registered_ones(kbench_root, capsys, section, key, registered):
+    (kbench_root / "params.yaml").write_text(section)
+    assert main(["params"]) == 2
+    err = capsys.readouterr().err
+    assert f"key '{key}'" in err and registered in err and "Traceback" not in err
+    assert main(["corpus", "--no-track"]) == 2  # every stage checks the design before its work
+    assert not (kbench_root / "artifacts").exists()
+
+
+def test_a_lora_section_means_the_same_in_both_places():
+    params = parse_params({"agent_base": {"lora": {"rank": 4}}, "injection": {"lora": {"learning_rate": 0.01}}})
+    # An override keeps the section's other defaults: the agent base's budget and the recipe's rank.
+    assert (params.agent_base.lora.rank, params.agent_base.lora.steps) == (4, 40)
+    assert (params.injection.lora.rank, params.injection.lora.epochs, params.injection.lora.learning_rate) == (32, 8, 0.01)
+    assert type(params.agent_base.lora).model_fields.keys() == type(params.injection.lora).model_fields.keys()
+    with pytest.raises(ParamsError, match="exactly one of epochs and steps"):
+        parse_params({"injection": {"lora": {"steps": 10}}})

@@ -8,7 +8,7 @@ from _agent_fixtures import ScriptedBackend, params, small_corpus  # noqa: F401 
 from kbench.agent import ReActAgent
 from kbench.methods import MethodContext, build_method
 from kbench.records import iter_traces
-from kbench.runner import run_cell
+from kbench.agent.runner import run_cell
 from kbench.substrates import build_substrate
 
 

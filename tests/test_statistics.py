@@ -5,8 +5,8 @@ import pytest
 from _traces import leaking, trace
 from scipy.stats import binomtest
 
-from kbench.metrics import score_queries
-from kbench.statistics import (
+from kbench.observer.metrics import score_queries
+from kbench.observer.statistics import (
     adjust_by_split,
     benjamini_hochberg,
     eta_squared,

@@ -6,7 +6,7 @@ import mlflow
 import pytest
 
 from kbench import tracking
-from kbench.cli import main
+from kbench.cli.main import main
 from kbench.config import Params
 
 

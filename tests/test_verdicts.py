@@ -7,8 +7,8 @@ import pytest
 from _traces import trace
 
 from kbench.config import ScoringConfig
-from kbench.metrics import cell_metrics, score_queries
-from kbench.verdicts import CellQuartet, compare_cells, decide_verdict, dominant_channel, verdicts_by_budget
+from kbench.observer.metrics import cell_metrics, score_queries
+from kbench.observer.verdicts import CellQuartet, compare_cells, decide_verdict, dominant_channel, verdicts_by_budget
 
 N = 20
 

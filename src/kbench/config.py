@@ -12,6 +12,16 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kbench.names import (
+    BASELINE_METHOD,
+    CONTEXT,
+    GOLD_METHOD,
+    HF_BACKEND,
+    P_RECIPES,
+    STRUCT_RETRIEVAL,
+    TEXT_RETRIEVAL,
+    PRecipe,
+)
 from kbench.records import FIELDS
 
 
@@ -44,7 +54,8 @@ class QueriesConfig(_Section):
 
 
 class ModelConfig(_Section):
-    backend: Literal["hf", "openai"] = "hf"
+    #: A registered backend (`kbench.backends`: hf, openai); checked when params load.
+    backend: str = HF_BACKEND
     #: A Hugging Face causal-LM folder (hf backend) or the served model's name (openai backend).
     path: str = "models/smollm2-135m-instruct"
     device: str = "auto"
@@ -55,6 +66,11 @@ class ModelConfig(_Section):
     #: openai backend only: requests in flight at once for one batch, and each one's timeout.
     max_concurrent_requests: int = Field(8, ge=1)
     request_timeout_s: float = Field(120.0, gt=0)
+
+    @property
+    def name(self) -> str:
+        """The model's name in run keys and tags: the folder (or served model) name."""
+        return Path(self.path).name
 
 
 class AgentConfig(_Section):
@@ -69,6 +85,61 @@ class AgentConfig(_Section):
     max_consecutive_tool_errors: int = Field(2, ge=1)
 
 
+LrSchedule = Literal["constant", "linear"]
+
+
+class LoraConfig(_Section):
+    """One LoRA fine-tuning run (`kbench.parametric.lora.train_lora` takes this section as is).
+
+    The agent base and the injection adapters nest one each (`agent_base.lora`,
+    `injection.lora`): the same key means the same thing in both.
+    """
+
+    rank: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    #: peft's `target_modules`: "all-linear" or a list of module names (q_proj, v_proj, ...).
+    target_modules: str | tuple[str, ...] = "all-linear"
+    learning_rate: float = Field(1e-3, gt=0)
+    #: "constant", or "linear": the rate falls linearly from `learning_rate` to zero over the run.
+    lr_schedule: LrSchedule = "constant"
+    #: Exactly one of the two: full passes over the examples, or optimizer steps.
+    epochs: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(4, ge=1)
+    #: Rows per forward pass; gradients accumulate over a batch's micro-batches (peak memory).
+    micro_batch_size: int = Field(1, ge=1)
+    #: Tokens an example keeps (longer ones are cut).
+    max_length: int = Field(1024, ge=32)
+    #: Seeds the adapter's initialisation and the example order.
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "LoraConfig":
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of epochs and steps")
+        return self
+
+
+class AgentBaseLora(LoraConfig):
+    """`agent_base.lora`: a LoraConfig whose defaults are the agent base's (40 steps)."""
+
+    steps: int | None = Field(40, ge=1)
+    seed: int = 7919
+
+
+class InjectionLora(LoraConfig):
+    """`injection.lora`: a LoraConfig whose defaults are the injection recipe's, measured on the
+    CPU default (docs/parametric.md)."""
+
+    rank: int = Field(32, ge=1)
+    learning_rate: float = Field(3e-3, gt=0)
+    epochs: int | None = Field(8, ge=1)
+    batch_size: int = Field(8, ge=1)
+    micro_batch_size: int = Field(4, ge=1)
+    max_length: int = Field(512, ge=32)
+
+
 class AgentBaseConfig(_Section):
     """The agent-base stage: LoRA-tune the base model into a ReAct agent (off for models that follow ReAct)."""
 
@@ -81,16 +152,8 @@ class AgentBaseConfig(_Section):
     n_heldout_people: int = Field(10, ge=1)
     #: Also measure the untuned base on the held-out people (the before/after comparison);
     #: slow on CPU, where the untuned model runs every trajectory to the iteration cap.
-    evaluate_base: bool = True
-    steps: int = Field(40, ge=1)
-    batch_size: int = Field(4, ge=1)
-    #: Rows per forward pass; gradients accumulate over a batch's micro-batches (peak memory).
-    micro_batch_size: int = Field(1, ge=1)
-    learning_rate: float = Field(1e-3, gt=0)
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    max_length: int = Field(1024, ge=64)
+    evaluate_base: bool = False
+    lora: AgentBaseLora = AgentBaseLora()
 
 
 class CalibrationConfig(_Section):
@@ -132,21 +195,8 @@ class InjectionConfig(_Section):
     mix: dict[Literal["bio", "qa", "react_qa"], Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: {"bio": 3, "qa": 0, "react_qa": 1}
     )
-    rank: int = Field(32, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: str | list[str] = "all-linear"
-    #: CPU default measured on SmolLM2-135M (docs/parametric.md): 8 epochs at 3e-3 recall about
-    #: 70% of the learned fields by the direct probe. Paper preset: 4 epochs at 1e-4.
-    epochs: int = Field(8, ge=1)
-    learning_rate: float = Field(3e-3, gt=0)
-    #: "constant" or "linear" (decays to zero over the run). Measured on the CPU default: linear
-    #: ends at a far lower loss but recalls no more, and costs retain OR (docs/parametric.md).
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    batch_size: int = Field(8, ge=1)
-    micro_batch_size: int = Field(4, ge=1)
-    max_length: int = Field(512, ge=32)
-    seed: int = 0
+    #: The recipe's LoRA run; `kbench calibrate --write` tunes its epochs, rate and rank.
+    lora: InjectionLora = InjectionLora()
     calibration: CalibrationConfig = CalibrationConfig()
 
 
@@ -169,7 +219,7 @@ class ScoringConfig(_Section):
     #: τ = tau_factor × the largest mean between-seed TV of a substrate's baseline (SPEC §9).
     tau_factor: float = Field(2.0, gt=0)
     #: Substrate pairs pre-exempted from the leak-pattern separation hypothesis (SPEC §9).
-    tv_exempt_pairs: tuple[tuple[str, str], ...] = (("R-text", "R-struct"),)
+    tv_exempt_pairs: tuple[tuple[str, str], ...] = ((TEXT_RETRIEVAL, STRUCT_RETRIEVAL),)
 
 
 class TrackingConfig(_Section):
@@ -182,16 +232,27 @@ class Params(_Section):
     corpus: CorpusConfig = CorpusConfig()
     seeds: list[int] = [0]
     queries: QueriesConfig = QueriesConfig()
-    substrates: list[str] = ["C", "R-text", "R-struct"]
-    methods: list[str] = ["none"]
+    #: Adapter-free substrates (stage `cell`); P runs in `cell_p`. Checked against the registry.
+    substrates: list[str] = [CONTEXT, TEXT_RETRIEVAL, STRUCT_RETRIEVAL]
+    #: Registered methods; each runs on every substrate it can act on.
+    methods: list[str] = [BASELINE_METHOD, GOLD_METHOD]
     #: Injection recipes a P cell runs (SPEC §3: the LoRA adapter and its merged-weight form).
-    p_recipes: list[Literal["lora", "merged"]] = ["lora", "merged"]
+    p_recipes: list[PRecipe] = list(P_RECIPES)
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     agent_base: AgentBaseConfig = AgentBaseConfig()
     injection: InjectionConfig = InjectionConfig()
     scoring: ScoringConfig = ScoringConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @property
+    def base_model(self) -> str:
+        """The base model's name, the first part of every run key."""
+        return self.model.name
+
+
+#: The params file every command reads unless `kbench --params` names another.
+DEFAULT_PARAMS = "params.yaml"
 
 
 class ParamsError(ValueError):
@@ -216,7 +277,7 @@ def parse_params(data: dict[str, Any], *, source: str = "params") -> Params:
         raise ParamsError(f"{source}: {_format(exc)}") from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -18,15 +18,19 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 from faker import Faker
 from pydantic import ValidationError
 
+from kbench import io
 from kbench.config import CorpusConfig
-from kbench.records import FIELDS, Entity, Query
+from kbench.records import FIELDS, SPLITS, Entity, Query
 
-POOL_NAMES = ("forget_adapter", "forget_eval", "retain_adapter", "retain_eval")
+PoolName = Literal["forget_adapter", "forget_eval", "retain_adapter", "retain_eval"]
+POOL_NAMES: tuple[str, ...] = get_args(PoolName)
+FORGET_ADAPTER, FORGET_EVAL, RETAIN_ADAPTER, RETAIN_EVAL = POOL_NAMES
 POOL_FILES = {name: f"{name.split('_')[0]}_ids_{name.split('_')[1]}.txt" for name in POOL_NAMES}
 FACTS_FILE = "v1_facts.jsonl"
 QUERIES_FILE = "v1_queries.jsonl"
@@ -88,7 +92,7 @@ class Corpus:
             raise CorpusError(
                 f"asked for {n} {split} queries but the {split} eval pool has {len(candidates)}"
             )
-        rng = np.random.default_rng([seed, 0 if split == "forget" else 1])
+        rng = np.random.default_rng([seed, SPLITS.index(split)])
         picked = rng.choice(len(candidates), size=n, replace=False)
         return [self.query(candidates[i]) for i in sorted(picked)]
 
@@ -127,7 +131,7 @@ def validate_corpus(corpus: Corpus) -> None:
             raise CorpusError(f"pool {name} names entities with no facts: {unknown[:3]}")
         if not corpus.pools[name]:
             raise CorpusError(f"pool {name} is empty")
-    retain = set(corpus.pools["retain_adapter"]) | set(corpus.pools["retain_eval"])
+    retain = set(corpus.pools[RETAIN_ADAPTER]) | set(corpus.pools[RETAIN_EVAL])
     stray = [eid for eid in corpus.distractor_ids if eid not in retain]
     if stray:
         raise CorpusError(f"distractors must come from the retain pool; not so for {stray[:3]}")
@@ -141,10 +145,10 @@ def pool_sizes(cfg: CorpusConfig) -> dict[str, int]:
     forget_adapter = max(1, round(n_forget * cfg.forget_adapter_fraction))
     retain_adapter = max(1, round(n_retain * cfg.retain_adapter_fraction))
     sizes = {
-        "forget_adapter": forget_adapter,
-        "forget_eval": n_forget - forget_adapter,
-        "retain_adapter": retain_adapter,
-        "retain_eval": n_retain - retain_adapter,
+        FORGET_ADAPTER: forget_adapter,
+        FORGET_EVAL: n_forget - forget_adapter,
+        RETAIN_ADAPTER: retain_adapter,
+        RETAIN_EVAL: n_retain - retain_adapter,
     }
     empty = [name for name, size in sizes.items() if size < 1]
     if empty:
@@ -208,7 +212,7 @@ def generate_corpus(cfg: CorpusConfig) -> Corpus:
     corpus = Corpus(
         entities={e.id: e for e in entities},
         pools=pools,
-        distractor_ids=list(pools["retain_adapter"]),
+        distractor_ids=list(pools[RETAIN_ADAPTER]),
         source="generated",
     )
     validate_corpus(corpus)
@@ -282,14 +286,12 @@ def load_corpus(directory: str | Path) -> Corpus:
 
 
 def write_corpus(corpus: Corpus, directory: str | Path) -> None:
-    """Write the corpus in the v1 layout; each file is written whole then renamed into place."""
+    """Write the corpus in the v1 layout, each file atomically (`kbench.io`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
 
     def put(name: str, text: str) -> None:
-        tmp = directory / (name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(directory / name)
+        io.write_text(directory / name, text)
 
     ordered = sorted(corpus.entities.values(), key=lambda e: e.id)
     put(FACTS_FILE, "".join(json.dumps(e.model_dump()) + "\n" for e in ordered))

@@ -19,6 +19,7 @@ HaltedReason = Literal["final_answer", "parse_error", "max_iters", "tool_fallbac
 
 FIELDS: tuple[str, ...] = get_args(FieldName)
 SPLITS: tuple[str, ...] = get_args(Split)
+FORGET, RETAIN = SPLITS
 HALTED_REASONS: tuple[str, ...] = get_args(HaltedReason)
 
 #: How each field is asked about in a canonical query (SPEC §2).
@@ -178,14 +179,3 @@ def iter_traces(path: str | Path) -> Iterator[TraceRecord]:
 
 def read_traces(paths: Iterable[str | Path]) -> list[TraceRecord]:
     return [record for path in paths for record in iter_traces(path)]
-
-
-def write_jsonl(path: str | Path, items: Iterable[BaseModel]) -> None:
-    """Write models as JSON Lines atomically (a temp file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for item in items:
-            handle.write(item.model_dump_json() + "\n")
-    tmp.replace(path)

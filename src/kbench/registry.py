@@ -1,7 +1,10 @@
-"""One registry type for every pluggable kind (backends, substrates, methods).
+"""One registry type for every pluggable kind (backends, substrates, methods, tools).
 
-A kind keeps a `Registry` of named entries; a decorator adds one, so a new backend,
-substrate or method is a module with a decorated class and no change to core code.
+A kind keeps a `Registry` of named entries and offers the same functions around it:
+`register_<kind>` (a decorator), `<kind>_names()`, and one way to use an entry by name
+(`build_<kind>(...)` for the kinds a cell constructs; `call_tool` for tools). A new backend,
+substrate, method or tool is then a module with a decorated class or function and no change
+to core code, and an unknown name is answered with the registered ones.
 """
 
 from __future__ import annotations
@@ -34,3 +37,10 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+    def entries(self) -> list[T]:
+        """Every entry, in the order it was registered."""
+        return list(self._entries.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries

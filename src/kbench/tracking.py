@@ -21,12 +21,11 @@ import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kbench import io
 from kbench.config import Params
-
-if TYPE_CHECKING:
-    from kbench.records import TraceRecord
+from kbench.records import TraceRecord, iter_traces
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +33,21 @@ TAG_KIND = "kbench.kind"
 TAG_KEY = "kbench.key"
 TAG_OUTPUT_HASH = "kbench.output_hash"
 TAG_COMMIT = "kbench.git_commit"
+#: What a run is about; a cell run carries the first six (docs/tracking.md).
+TAG_BASE_MODEL = "kbench.base_model"
+TAG_SUBSTRATE = "kbench.substrate"
+TAG_RECIPE = "kbench.recipe"
+TAG_METHOD = "kbench.method"
+TAG_SEED = "kbench.seed"
+TAG_CORPUS = "kbench.corpus"
+TAG_CORPUS_SOURCE = "kbench.corpus_source"
+TAG_INJECTION = "kbench.injection"
+#: A calibration trial's end: "complete" or "pruned".
+TAG_TRIAL_STATE = "kbench.trial_state"
+TAG_HALTED_REASON = "kbench.halted_reason"
+#: Run kinds (TAG_KIND), one per stage output and tool that logs a run.
+KIND_CORPUS, KIND_AGENT_BASE, KIND_INJECT, KIND_CELL, KIND_COMPARE = "corpus", "agent_base", "inject", "cell", "compare"
+KIND_CALIBRATE, KIND_CALIBRATE_TRIAL = "calibrate", "calibrate_trial"
 #: A stage output folder that MLflow can rebuild from holds this manifest.
 RUN_MANIFEST = "run.json"
 #: Trace records in a stage output are also logged as MLflow traces (one per trajectory).
@@ -173,9 +187,7 @@ def write_manifest(
     stage whose output is a model folder names only its small reports.
     """
     manifest = {"kind": kind, "key": key, "tags": dict(tags), "metrics": dict(metrics), "artifacts": artifacts}
-    tmp = folder / (RUN_MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    tmp.replace(folder / RUN_MANIFEST)
+    io.write_json(folder / RUN_MANIFEST, manifest)
 
 
 def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -> str:
@@ -204,10 +216,17 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
                 mlflow.log_artifact(str(folder / name), artifact_path=artifact_path)
         traces = folder / TRAJECTORIES_FILE
         if traces.exists() and (names is None or TRAJECTORIES_FILE in names):
-            from kbench.records import iter_traces
-
             log_trajectories(iter_traces(traces), run.info.run_id)
         return run.info.run_id
+
+
+def record_output(
+    params: Params, folder: Path, kind: str, key: str, *, tags: Mapping[str, str], metrics: Mapping[str, float],
+    artifacts: list[str] | None = None, track: bool = True,
+) -> str | None:
+    """A finished stage output: its manifest, then (with `track`) its MLflow run; the run id or None."""
+    write_manifest(folder, kind, key, tags, metrics, artifacts)
+    return log_output(params, folder) if track else None
 
 
 def sync_outputs(params: Params, roots: list[Path]) -> list[str]:
@@ -236,8 +255,8 @@ def log_trajectories(records: Iterable[TraceRecord], run_id: str) -> int:
         with mlflow.start_span(name=f"agent {record.query_id}", span_type=SpanType.AGENT, run_id=run_id) as root:
             root.set_inputs({"query_id": record.query_id, "split": record.split, "field": record.field})
             root.set_attributes({
-                "kbench.substrate": record.substrate, "kbench.method": record.method,
-                "kbench.seed": record.seed, "kbench.halted_reason": record.halted_reason,
+                TAG_SUBSTRATE: record.substrate, TAG_METHOD: record.method,
+                TAG_SEED: record.seed, TAG_HALTED_REASON: record.halted_reason,
             })
             for index, step in enumerate(record.steps, start=1):
                 with mlflow.start_span(name=f"step {index}", span_type=SpanType.LLM) as llm:

@@ -1,8 +1,10 @@
-"""The deployed ReAct agent: prompts, tools, parser, lockstep loop and elicited summary."""
+"""The deployed ReAct agent: prompts, tools, parser, lockstep loop, elicited summary, and the
+runner that deploys one cell's agent and appends its trace records resumably."""
 
 from kbench.agent.parser import ParsedStep, parse_step
 from kbench.agent.react import ReActAgent, Trajectory
-from kbench.agent.tools import Tool, ToolContext, ToolResult, call_tool, register_tool, registered_tools
+from kbench.agent.runner import read_finished, run_cell, setup_cell
+from kbench.agent.tools import Tool, ToolContext, ToolResult, call_tool, register_tool, registered_tools, tool_names
 
 __all__ = [
     "ParsedStep",
@@ -13,6 +15,10 @@ __all__ = [
     "Trajectory",
     "call_tool",
     "parse_step",
+    "read_finished",
     "register_tool",
     "registered_tools",
+    "run_cell",
+    "setup_cell",
+    "tool_names",
 ]

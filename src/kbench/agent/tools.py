@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kbench.records import FIELD_PHRASES, FIELDS, Query, Retrieval
+from kbench.registry import Registry
 from kbench.substrates import Substrate
 
 
@@ -45,21 +46,24 @@ class Tool:
     run: ToolFunction
 
 
-_TOOLS: dict[str, Tool] = {}
+_TOOLS: Registry[Tool] = Registry("tool")
 
 
 def register_tool(name: str, *, params: tuple[str, ...], description: str) -> Callable[[ToolFunction], ToolFunction]:
     def decorate(function: ToolFunction) -> ToolFunction:
-        if name in _TOOLS:
-            raise ValueError(f"tool {name!r} is already registered")
-        _TOOLS[name] = Tool(name, f"{name}[{', '.join(params)}]", description, len(params), function)
+        _TOOLS.add(name, Tool(name, f"{name}[{', '.join(params)}]", description, len(params), function))
         return function
 
     return decorate
 
 
 def registered_tools() -> list[Tool]:
-    return list(_TOOLS.values())
+    """The tools in registration order (the order the prompt lists them)."""
+    return _TOOLS.entries()
+
+
+def tool_names() -> list[str]:
+    return _TOOLS.names()
 
 
 _QUOTES = "\"'`“”‘’"
@@ -163,11 +167,12 @@ def verify_attribute(context: ToolContext, args: list[str]) -> ToolResult:
 
 def call_tool(context: ToolContext, tool_name: str, args: str) -> ToolResult:
     """Run one model-requested call; every failure comes back as an error observation."""
-    tool = _TOOLS.get(tool_name.strip().lower())
-    if tool is None:
-        return ToolResult(
-            f"Error: unknown tool '{tool_name}'. Tools: {', '.join(_TOOLS)}.", error=True
-        )
+    requested = tool_name.strip().lower()
+    if requested not in _TOOLS:
+        # Listed in prompt order: this text is an observation the model reads.
+        listed = ", ".join(t.name for t in registered_tools())
+        return ToolResult(f"Error: unknown tool '{tool_name}'. Tools: {listed}.", error=True)
+    tool = _TOOLS.get(requested)
     parts = split_args(args, tool.arity)
     if len(parts) < tool.arity or not all(parts):
         return ToolResult(f"Error: {tool.name} takes {tool.signature}.", error=True)

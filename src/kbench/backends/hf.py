@@ -1,5 +1,9 @@
 """`hf`: a local transformers causal LM, any HF folder (SmolLM2-135M on CPU, Llama-3.1-8B on GPU).
 
+This module is the project's one HF model loader (`load_model`, honouring `model.dtype` and
+`model.device`) and its one greedy decoder (`greedy_decode`): the agent's cells, the agent
+base, the injection recall probes and calibration all load and decode through them.
+
 Decoding is greedy with a KV cache; `generate` keeps only the last position's logits
 (`logits_to_keep=1`) on models that support it. Prompts are left-padded so every row's next
 token sits in the last column; the attention mask hides the padding and `generate` derives
@@ -12,6 +16,7 @@ batched-equals-batch-1 guarantee, and for the default model prefill is a small p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +31,7 @@ from kbench.backends.base import (
     truncate_at_stop,
 )
 from kbench.config import ModelConfig
+from kbench.names import HF_BACKEND
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: End-of-turn markers of common chat templates (ChatML, Llama 3, Mistral, Gemma).
@@ -38,36 +44,97 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-@register_backend("hf")
+def load_tokenizer(path: str | Path) -> Any:
+    """The folder's tokenizer, with the end-of-sequence token as padding when it has none."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise BackendError(f"cannot load a tokenizer from {str(path)!r}: {exc}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(config: ModelConfig, path: str | Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of an HF causal-LM folder (`path`, default `config.path`) in
+    `config.dtype` on `config.device`; the model is in eval mode."""
+    path = config.path if path is None else path
+    tokenizer = load_tokenizer(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype])
+    except OSError as exc:
+        raise BackendError(f"cannot load an HF causal LM from {str(path)!r}: {exc}") from None
+    return model.to(resolve_device(config.device)).eval(), tokenizer
+
+
+def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Token ids that end an assistant turn: the configured EOS ids and known end-of-turn markers."""
+    ids = set()
+    configured = model.generation_config.eos_token_id
+    if configured is not None:
+        ids.update([configured] if isinstance(configured, int) else configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[marker] for marker in _END_OF_TURN if marker in vocab)
+    return sorted(ids)
+
+
+def render_prompt(tokenizer: Any, conversation: Conversation) -> str:
+    """The prompt text: the chat template with the assistant turn opened."""
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
+@torch.inference_mode()
+def greedy_decode(
+    model: Any,
+    tokenizer: Any,
+    conversations: Sequence[Conversation],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    batch_size: int | None = None,
+) -> list[str]:
+    """Greedy continuations of chats, `batch_size` at a time (default: all in one batch).
+
+    Prompts are left-padded, so every row's next token sits in the last column. A row ends
+    at an end-of-turn token or at the first `stop` string (the text is cut before it).
+    """
+    if not conversations:
+        return []
+    tokenizer.padding_side = "left"
+    device = next(model.parameters()).device
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=end_of_turn_ids(model, tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        stop_strings=list(stop) or None,
+        use_cache=True,
+    )
+    size = batch_size or len(conversations)
+    texts: list[str] = []
+    for start in range(0, len(conversations), size):
+        prompts = [render_prompt(tokenizer, c) for c in conversations[start : start + size]]
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        output = model.generate(**encoded, generation_config=config, tokenizer=tokenizer)
+        new_tokens = output[:, encoded["input_ids"].shape[1] :]
+        texts += [truncate_at_stop(t, stop) for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+    return texts
+
+
+@register_backend(HF_BACKEND)
 class HFBackend(Backend):
     has_weights = True
 
     def __init__(self, config: ModelConfig) -> None:
         self.device = resolve_device(config.device)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(config.path)
-            model = AutoModelForCausalLM.from_pretrained(config.path, dtype=_DTYPES[config.dtype])
-        except OSError as exc:
-            raise BackendError(f"cannot load an HF causal LM from {config.path!r}: {exc}") from None
+        model, tokenizer = load_model(config)
         if tokenizer.chat_template is None:
             raise BackendError(f"the tokenizer in {config.path!r} has no chat template")
         tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
         self._tokenizer = tokenizer
-        self._model = model.to(self.device).eval()
-        self._end_of_turn_ids = self._find_end_of_turn_ids()
-
-    def _find_end_of_turn_ids(self) -> list[int]:
-        ids = set()
-        configured = self._model.generation_config.eos_token_id
-        if configured is not None:
-            ids.update([configured] if isinstance(configured, int) else configured)
-        if self._tokenizer.eos_token_id is not None:
-            ids.add(self._tokenizer.eos_token_id)
-        vocab = self._tokenizer.get_vocab()
-        ids.update(vocab[marker] for marker in _END_OF_TURN if marker in vocab)
-        return sorted(ids)
+        self._model = model
 
     @property
     def model(self) -> Any:
@@ -79,9 +146,7 @@ class HFBackend(Backend):
 
     def render(self, conversation: Conversation) -> str:
         """The prompt text: the chat template with the assistant turn opened."""
-        return self._tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
-        )
+        return render_prompt(self._tokenizer, conversation)
 
     def load_adapter(self, path: str, *, merge: bool = False) -> None:
         from peft import PeftModel
@@ -92,25 +157,8 @@ class HFBackend(Backend):
             raise BackendError(f"cannot load the LoRA adapter at {path!r}: {exc}") from None
         self._model = (wrapped.merge_and_unload() if merge else wrapped).eval()
 
-    @torch.inference_mode()
     def generate(
         self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
     ) -> list[Generation]:
-        if not conversations:
-            return []
-        prompts = [self.render(c) for c in conversations]
-        encoded = self._tokenizer(
-            prompts, return_tensors="pt", padding=True, add_special_tokens=False
-        ).to(self.device)
-        config = GenerationConfig(
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=self._end_of_turn_ids,
-            pad_token_id=self._tokenizer.pad_token_id,
-            stop_strings=list(stop) or None,
-            use_cache=True,
-        )
-        output = self._model.generate(**encoded, generation_config=config, tokenizer=self._tokenizer)
-        new_tokens = output[:, encoded["input_ids"].shape[1] :]
-        texts = self._tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        return [Generation(truncate_at_stop(text, stop)) for text in texts]
+        texts = greedy_decode(self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop)
+        return [Generation(text) for text in texts]

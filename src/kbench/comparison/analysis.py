@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kbench.channels import ATTACKER_BUDGETS
 from kbench.config import ScoringConfig
-from kbench.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
-from kbench.records import SPLITS, TraceRecord
-from kbench.statistics import (
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, LORA
+from kbench.observer.channels import ATTACKER_BUDGETS
+from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
+from kbench.observer.statistics import (
     McNemarResult,
     SubstrateSeparation,
     benjamini_hochberg,
@@ -31,15 +31,16 @@ from kbench.statistics import (
     substrate_separation,
     tau_threshold,
 )
-from kbench.verdicts import BASELINE_METHOD, CellQuartet, VerdictResult, decide_verdict, verdicts_by_budget
+from kbench.observer.verdicts import INVALID_BASELINE, CellQuartet, VerdictResult, decide_verdict, verdicts_by_budget
+from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 
 #: The distractor-only control adapter loaded with a non-P substrate (SPEC §3).
-CONTROL_RECIPE = "lora-d"
+CONTROL_RECIPE = CONTROL
 #: The recipe a non-P substrate runs without any adapter; LoRA-D controls are read beside it.
-ADAPTER_FREE_RECIPE = "none"
+ADAPTER_FREE_RECIPE = ADAPTER_FREE
 #: Recipes a substrate is normally injected with (adapter-free for C / R-*, LoRA for P); a row
 #: of any other recipe (P merged) is labelled with its recipe so it is never mistaken for them.
-DEFAULT_RECIPES = frozenset({ADAPTER_FREE_RECIPE, "lora"})
+DEFAULT_RECIPES = frozenset({ADAPTER_FREE, LORA})
 #: The budget an attacker reading only answers has, and the full multi-channel observer.
 NARROWEST_BUDGET, WIDEST_BUDGET = next(iter(ATTACKER_BUDGETS)), list(ATTACKER_BUDGETS)[-1]
 #: The design factors of SPEC §9's η² analysis, as columns of the per-seed K-Score frame.
@@ -258,10 +259,10 @@ def _quartet(row: Row, baseline: Row, by_seed: int | None = None) -> CellQuartet
         return r.pooled if by_seed is None else r.by_seed[by_seed]
 
     return CellQuartet(
-        none_forget=cells(baseline)["forget"],
-        none_retain=cells(baseline)["retain"],
-        method_forget=cells(row)["forget"],
-        method_retain=cells(row)["retain"],
+        none_forget=cells(baseline)[FORGET],
+        none_retain=cells(baseline)[RETAIN],
+        method_forget=cells(row)[FORGET],
+        method_retain=cells(row)[RETAIN],
     )
 
 
@@ -337,11 +338,11 @@ def _controls(rows: dict[RowKey, Row], config: ScoringConfig) -> list[ControlRes
             ControlResult(
                 key=row.key,
                 run_ids=row.run_ids,
-                forget=cell_metrics(row.pooled["forget"], config),
-                retain=cell_metrics(row.pooled["retain"], config),
+                forget=cell_metrics(row.pooled[FORGET], config),
+                retain=cell_metrics(row.pooled[RETAIN], config),
                 baseline_run_ids=baseline.run_ids if baseline else (),
-                baseline_forget=cell_metrics(baseline.pooled["forget"], config) if baseline else None,
-                baseline_retain=cell_metrics(baseline.pooled["retain"], config) if baseline else None,
+                baseline_forget=cell_metrics(baseline.pooled[FORGET], config) if baseline else None,
+                baseline_retain=cell_metrics(baseline.pooled[RETAIN], config) if baseline else None,
             )
         )
     return results
@@ -370,7 +371,7 @@ def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: Sc
             seed_shares = tuple(
                 shares
                 for cells in rows[result.key].by_seed.values()
-                if (shares := cell_metrics(cells["forget"], config).shares) is not None
+                if (shares := cell_metrics(cells[FORGET], config).shares) is not None
             )
             substrates.append(
                 SubstratePattern(
@@ -378,7 +379,7 @@ def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: Sc
                     metrics=result.forget,
                     run_ids=result.run_ids,
                     seed_shares=seed_shares,
-                    invalid=result.verdict.verdict == "invalid-baseline",
+                    invalid=result.verdict.verdict == INVALID_BASELINE,
                 )
             )
         shares = {s.key.substrate_label: s.metrics.shares for s in substrates if s.metrics.shares is not None}

@@ -16,17 +16,27 @@ from pathlib import Path
 
 from kbench.comparison.analysis import CellRun
 from kbench.records import read_traces
-from kbench.tracking import TAG_KEY, TAG_KIND
+from kbench.tracking import (
+    KIND_CELL,
+    TAG_BASE_MODEL,
+    TAG_KEY,
+    TAG_KIND,
+    TAG_METHOD,
+    TAG_RECIPE,
+    TAG_SEED,
+    TAG_SUBSTRATE,
+    TRAJECTORIES_FILE,
+)
 
-CELL_KIND = "cell"
-TRACES_ARTIFACT = "output/traces.jsonl"
+CELL_KIND = KIND_CELL
+TRACES_ARTIFACT = f"output/{TRAJECTORIES_FILE}"
 #: Tags a cell run must carry (docs/tracking.md) and the CellRun field each one fills.
 CELL_TAGS = {
-    "kbench.base_model": "base_model",
-    "kbench.substrate": "substrate",
-    "kbench.recipe": "recipe",
-    "kbench.method": "method",
-    "kbench.seed": "seed",
+    TAG_BASE_MODEL: "base_model",
+    TAG_SUBSTRATE: "substrate",
+    TAG_RECIPE: "recipe",
+    TAG_METHOD: "method",
+    TAG_SEED: "seed",
 }
 
 

@@ -17,9 +17,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kbench.channels import ATTACKER_BUDGETS, CHANNELS  # noqa: E402
+from kbench import io  # noqa: E402
 from kbench.comparison.analysis import Comparison  # noqa: E402
 from kbench.comparison.tables import leaderboard_order, shown_k_score  # noqa: E402
+from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS  # noqa: E402
 
 DPI = 110
 
@@ -206,11 +207,12 @@ def write_plots(comparison: Comparison, folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, (frame, draw) in plot_specs(comparison).items():
-        frame.to_csv(folder / f"{name}.csv", index=False)
+        io.write_text(folder / f"{name}.csv", frame.to_csv(index=False))
         fig = draw()
         try:
             # No timestamp in the PNG, so an unchanged comparison gives unchanged files.
-            fig.savefig(folder / f"{name}.png", dpi=DPI, metadata={"Software": None})
+            with io.atomic_open(folder / f"{name}.png", "wb") as handle:
+                fig.savefig(handle, format="png", dpi=DPI, metadata={"Software": None})
         finally:
             plt.close(fig)
         written[name] = folder / f"{name}.png"

@@ -7,7 +7,6 @@ it opens from a DVC checkout, an MLflow artifact view or an e-mail alike.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,8 +242,3 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
             "levels": {e.factor: e.levels for e in comparison.sensitivity.effects},
         },
     }
-
-
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    # allow_nan=False: a NaN or infinity here is a bug upstream, not a number to publish.
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -1,8 +1,8 @@
 """The comparison as tables of display strings (pure): what index.html and leaderboard.md show.
 
 Every table is built once here; the HTML and Markdown writers only lay them out. Numbers
-are formatted by the helpers below so a rate, a p-value or an interval reads the same
-everywhere, and every row that carries a number names the MLflow runs behind it.
+are formatted by `kbench.observer.format`, so a rate, a p-value or an interval reads the
+same here as in `kbench score`, and every row that carries a number names its MLflow runs.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kbench.channels import ATTACKER_BUDGETS, CHANNELS
+from kbench.names import BASELINE_METHOD
+from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS
 from kbench.comparison.analysis import (
     Comparison,
     ControlResult,
@@ -19,13 +20,18 @@ from kbench.comparison.analysis import (
     RowResult,
     SubstratePattern,
 )
-from kbench.metrics import CellMetrics, Interval
-from kbench.statistics import tau_threshold
-from kbench.verdicts import UNSCORED_VERDICTS
-
-#: Shown where a number is undefined (no leak to share, no baseline, a constant factor).
-MISSING = "—"
-
+from kbench.observer.format import (
+    MISSING,
+    fmt_flag,
+    fmt_p,
+    fmt_rate,
+    fmt_runs,
+    fmt_signed,
+    fmt_with_ci,
+)
+from kbench.observer.metrics import CellMetrics
+from kbench.observer.statistics import tau_threshold
+from kbench.observer.verdicts import TC, UNSCORED_VERDICTS
 
 @dataclass(frozen=True)
 class Table:
@@ -40,34 +46,6 @@ class Table:
         return Table(self.title, tuple(columns), tuple(tuple(r[i] for i in index) for r in self.rows), self.note)
 
 
-def fmt_rate(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.3f}"
-
-
-def fmt_signed(value: float | None) -> str:
-    return MISSING if value is None else f"{value:+.3f}"
-
-
-def fmt_interval(interval: Interval | None) -> str:
-    return MISSING if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
-
-
-def fmt_with_ci(value: float | None, interval: Interval | None) -> str:
-    return fmt_rate(value) if interval is None else f"{fmt_rate(value)} {fmt_interval(interval)}"
-
-
-def fmt_p(p: float) -> str:
-    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
-
-
-def fmt_runs(run_ids: Iterable[str]) -> str:
-    return " ".join(run_ids) or MISSING
-
-
-def fmt_flag(value: bool | None, yes: str = "yes", no: str = "no") -> str:
-    return MISSING if value is None else (yes if value else no)
-
-
 def shown_verdict(result: RowResult) -> str:
     """The verdict as the tables show it: a valid baseline row is the reference, not a class."""
     verdict = result.verdict.verdict
@@ -78,8 +56,8 @@ def shown_k_score(result: RowResult) -> str:
     """K-Score, or TC for a collapsed agent (never 0: a collapse is not a perfect forget)."""
     k = result.verdict.k_score
     if k is not None:
-        return f"{k:.3f}"
-    return "TC" if result.verdict.verdict == "TC" else MISSING
+        return fmt_rate(k)
+    return TC if result.verdict.verdict == TC else MISSING
 
 
 def leaderboard_order(results: Iterable[RowResult]) -> list[RowResult]:
@@ -157,7 +135,7 @@ def leaderboards(comparison: Comparison) -> list[Table]:
 def verdict_matrix(comparison: Comparison) -> Table:
     """Method × (base model, substrate) → verdict: the shape of the paper's Table 7."""
     columns = sorted({(r.key.base_model, r.key.substrate_label) for r in comparison.rows})
-    methods = sorted({r.key.method for r in comparison.rows}, key=lambda m: (m != "none", m))
+    methods = sorted({r.key.method for r in comparison.rows}, key=lambda m: (m != BASELINE_METHOD, m))
     cells = {(r.key.method, r.key.base_model, r.key.substrate_label): shown_verdict(r) for r in comparison.rows}
     return Table(
         title="Verdict matrix",
@@ -276,7 +254,7 @@ def sensitivity_table(comparison: Comparison) -> Table:
         (
             e.factor,
             str(e.levels),
-            MISSING if e.eta_squared is None else f"{e.eta_squared:.3f}",
+            fmt_rate(e.eta_squared),
             "" if e.eta_squared is not None else "constant: omitted",
         )
         for e in s.effects

@@ -25,6 +25,7 @@ from kbench.config import Params
 from kbench.corpus import Corpus
 from kbench.records import Query
 from kbench.registry import Registry
+from kbench.substrates import substrate_names
 
 Hook = Literal["weights", "input", "forward", "output"]
 _HOOK_FUNCTIONS: dict[str, str] = {
@@ -34,7 +35,8 @@ _HOOK_FUNCTIONS: dict[str, str] = {
     "output": "filter_output",
 }
 WEIGHT_HOOKS: frozenset[str] = frozenset({"weights", "forward"})
-ALL_SUBSTRATES: frozenset[str] = frozenset({"P", "C", "R-text", "R-struct"})
+#: Every substrate registered when the methods load (the built-in four, SPEC §3).
+ALL_SUBSTRATES: frozenset[str] = frozenset(substrate_names())
 
 
 class MethodError(ValueError):
@@ -94,7 +96,7 @@ def register_method(
     name: str, *, substrates: frozenset[str], hooks: frozenset[Hook] = frozenset()
 ) -> Callable[[type[Method]], type[Method]]:
     def decorate(cls: type[Method]) -> type[Method]:
-        unknown = set(substrates) - ALL_SUBSTRATES
+        unknown = set(substrates) - set(substrate_names())
         if unknown:
             raise MethodError(f"method {name!r} names unknown substrate(s) {sorted(unknown)}")
         overridden = {

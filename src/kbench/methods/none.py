@@ -1,8 +1,9 @@
 """`none`: the no-intervention baseline every other method is compared with."""
 
 from kbench.methods.base import ALL_SUBSTRATES, Method, register_method
+from kbench.names import BASELINE_METHOD
 
 
-@register_method("none", substrates=ALL_SUBSTRATES)
+@register_method(BASELINE_METHOD, substrates=ALL_SUBSTRATES)
 class NoIntervention(Method):
     """Uses no hook: the agent runs on the substrate as deployed."""

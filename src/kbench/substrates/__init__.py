@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kbench.config import AgentConfig
-from kbench.corpus import Corpus
+from kbench.corpus import FORGET_EVAL, RETAIN_EVAL, Corpus
 from kbench.records import Entity
 from kbench.substrates import builtin  # noqa: F401  (registration side effect)
 from kbench.substrates.base import (
@@ -22,7 +22,7 @@ from kbench.substrates.text_index import TextIndex, build_index
 
 def index_entities(corpus: Corpus) -> list[Entity]:
     """What the R-text index holds: every queryable (eval-pool) entity plus the distractors."""
-    ids = [*corpus.pools["forget_eval"], *corpus.pools["retain_eval"], *corpus.distractor_ids]
+    ids = [*corpus.pools[FORGET_EVAL], *corpus.pools[RETAIN_EVAL], *corpus.distractor_ids]
     return [corpus.entities[eid] for eid in dict.fromkeys(ids)]
 
 

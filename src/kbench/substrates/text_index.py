@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kbench import io
 from kbench.records import Entity
 
 INDEX_FILE = "index.faiss"
@@ -50,19 +51,19 @@ def build_index(corpus_entities: Iterable[Entity], out_dir: str | Path) -> Path:
     import faiss
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     passages = [Passage(e.id, e.bio) for e in corpus_entities]
     if not passages:
         raise ValueError("build_index needs at least one entity")
     vectors = embed([p.text for p in passages])
     index = faiss.IndexFlatIP(vectors.shape[1])  # inner product of unit vectors = cosine
     index.add(vectors)
-    faiss.write_index(index, str(out_dir / INDEX_FILE))
-    with (out_dir / PASSAGES_FILE).open("w", encoding="utf-8") as handle:
-        for passage in passages:
-            handle.write(json.dumps({"doc_id": passage.doc_id, "text": passage.text}) + "\n")
     manifest = {"embedder": "all-MiniLM-L6-v2", "n_passages": len(passages), "dim": int(vectors.shape[1])}
-    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    with io.atomic_dir(out_dir) as partial:
+        faiss.write_index(index, str(partial / INDEX_FILE))
+        io.write_text(partial / PASSAGES_FILE, "".join(
+            json.dumps({"doc_id": p.doc_id, "text": p.text}) + "\n" for p in passages
+        ))
+        io.write_json(partial / MANIFEST_FILE, manifest, sort_keys=False)
     return out_dir
 
 

@@ -1,4 +1,4 @@
-"""Run one cell (substrate × method × seed): set the agent up, run its queries, append traces.
+"""Deploy one cell's agent (substrate × method × seed) and run its queries, appending traces.
 
 Records are appended to traces.jsonl as trajectories finish, so an interrupted cell resumes
 where it stopped: query ids already in the file are skipped (never run twice), and a last
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from kbench.agent import ReActAgent
+from kbench.agent.react import ReActAgent
 from kbench.backends import build_backend
 from kbench.config import ModelConfig, Params
 from kbench.corpus import Corpus
@@ -41,7 +41,7 @@ def setup_cell(
 ) -> ReActAgent:
     """Build the deployed agent of one cell.
 
-    `model` is the agent's model section (see `kbench.agent_base.agent_model_config`);
+    `model` is the agent's model section (`kbench.parametric.agent_model_config`);
     `adapter_path` is the P adapter, or the LoRA-D control adapter on another substrate;
     `merge_adapter` merges it into the weights (the merged-weight variant of P).
     """

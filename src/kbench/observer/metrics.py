@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from kbench.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
+from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
 from kbench.config import ScoringConfig
-from kbench.matcher import NO_MATCH, target
+from kbench.observer.matcher import NO_MATCH, target
 from kbench.records import TraceRecord
 
 ANSWER_COLUMN = CHANNELS.index("Z_answer")

@@ -22,7 +22,6 @@ each trial is a nested MLflow run under one parent run per invocation; the best 
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -31,27 +30,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbench import tracking
-from kbench.cells import base_model_name
+from kbench import io, tracking
+from kbench.agent import setup_cell
+from kbench.backends.hf import load_tokenizer
 from kbench.config import ModelConfig, Params, load_params
 from kbench.corpus import Corpus
-from kbench.injection import (
-    adapter_pool,
-    base_fingerprint,
-    direct_recall,
-    load_tokenizer,
-    train_injection,
-    training_entities,
-)
-from kbench.matcher import match
-from kbench.metrics import is_degenerate
-from kbench.records import FIELDS, Entity, Query, TraceRecord
+from kbench.names import BASELINE_METHOD, STRUCT_RETRIEVAL
+from kbench.observer.matcher import match
+from kbench.observer.metrics import is_degenerate
+from kbench.parametric.adapters import TARGET, base_fingerprint
+from kbench.parametric.injection import FORGET_ADAPTER_POOL, adapter_pool, train_injection, training_entities
+from kbench.parametric.recall import direct_recall
+from kbench.records import FIELDS, FORGET, Entity, Query, TraceRecord
 
 log = logging.getLogger(__name__)
 
 STUDY_FILE = "study.db"
 BEST_FILE = "best.json"
-#: params.yaml keys under `injection` a calibration sets.
+#: params.yaml keys under `injection.lora` a calibration sets.
 CALIBRATED_KEYS = ("epochs", "learning_rate", "rank", "alpha")
 #: Study attribute caching the un-injected agent's degeneration (the same for every trial).
 _BASELINE_ATTR = "baseline_degeneration"
@@ -61,7 +57,7 @@ _BASELINE_ATTR = "baseline_degeneration"
 class CalibrationInputs:
     params: Params
     corpus: Corpus
-    #: The agent's model (kbench.agent_base.agent_model_config): the base every trial adapts.
+    #: The agent's model (kbench.parametric.agent_base.agent_model_config): the base every trial adapts.
     model: ModelConfig
     #: The R-text index (its distractor passages answer `search_wiki`); None: no passage at all.
     index_dir: Path | None
@@ -74,7 +70,7 @@ class CalibrationInputs:
 def health_queries(inputs: CalibrationInputs) -> list[Query]:
     """A seeded sample of canonical queries about forget-adapter-pool entities."""
     calibration = inputs.params.injection.calibration
-    pool = adapter_pool(inputs.corpus, inputs.params, "forget_adapter")
+    pool = adapter_pool(inputs.corpus, inputs.params, FORGET_ADAPTER_POOL)
     candidates = [Query.make_id(e, f) for e in pool for f in FIELDS]
     n = min(calibration.health_queries, len(candidates))
     picked = random.Random(calibration.sampler_seed).sample(candidates, n)
@@ -83,21 +79,19 @@ def health_queries(inputs: CalibrationInputs) -> list[Query]:
 
 def probe_entities(inputs: CalibrationInputs) -> list[Entity]:
     """The learned forget-adapter-pool entities, every field of which the direct probe asks."""
-    return [inputs.corpus.entities[e] for e in adapter_pool(inputs.corpus, inputs.params, "forget_adapter")]
+    return [inputs.corpus.entities[e] for e in adapter_pool(inputs.corpus, inputs.params, FORGET_ADAPTER_POOL)]
 
 
 def run_health(inputs: CalibrationInputs, adapter_dir: Path | None) -> list[TraceRecord]:
     """The deployed agent (R-struct, method none) on the health queries, with or without the adapter."""
-    from kbench.runner import setup_cell
-
     params = inputs.params
     agent = setup_cell(
-        params, inputs.corpus, inputs.model, substrate="R-struct", method="none",
-        seed=params.injection.seed, index_dir=inputs.index_dir,
+        params, inputs.corpus, inputs.model, substrate=STRUCT_RETRIEVAL, method=BASELINE_METHOD,
+        seed=params.injection.lora.seed, index_dir=inputs.index_dir,
         adapter_path=str(adapter_dir) if adapter_dir is not None else None,
     )
     records: list[TraceRecord] = []
-    agent.run([(q, "forget") for q in health_queries(inputs)], records.append)
+    agent.run([(q, FORGET) for q in health_queries(inputs)], records.append)
     return records
 
 
@@ -129,7 +123,8 @@ def suggest(trial: Any, params: Params) -> dict[str, Any]:
 
 def with_alpha(values: dict[str, Any], params: Params) -> dict[str, Any]:
     """Trial values plus the alpha that keeps the configured alpha / rank ratio."""
-    return {**values, "alpha": max(1, round(values["rank"] * params.injection.alpha / params.injection.rank))}
+    lora = params.injection.lora
+    return {**values, "alpha": max(1, round(values["rank"] * lora.alpha / lora.rank))}
 
 
 def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
@@ -139,25 +134,25 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
 
     params = inputs.params
     calibration = params.injection.calibration
-    entities = training_entities(inputs.corpus, params)["target"]
+    entities = training_entities(inputs.corpus, params)[TARGET]
     probed = probe_entities(inputs)
     agent = params.agent
-    base_model = base_model_name(params)
+    base_model = params.base_model
     tokenizer = load_tokenizer(inputs.base_dir)
 
     def objective(trial: optuna.Trial) -> float:
         values = suggest(trial, params)
         key = f"{base_model}/trial-{trial.number}"
         # A pruned trial's run ends KILLED: in the MLflow UI it is stopped, not broken.
-        with tracking.start_run(params, "calibrate_trial", key, nested=True, stopped_by=(optuna.TrialPruned,)):
-            mlflow.log_params({f"injection.{k}": v for k, v in values.items()})
+        with tracking.start_run(params, tracking.KIND_CALIBRATE_TRIAL, key, nested=True, stopped_by=(optuna.TrialPruned,)):
+            mlflow.log_params({f"injection.lora.{k}": v for k, v in values.items()})
 
             def on_epoch(epoch: int, model: Any, loss: float) -> None:
                 recall = direct_recall(model, tokenizer, probed, batch_size=agent.batch_size)
                 mlflow.log_metrics({"epoch_loss": loss, "direct_recall": recall}, step=epoch)
                 trial.report(abs(recall - calibration.target_recall), epoch)
                 if trial.should_prune():
-                    mlflow.set_tag("kbench.trial_state", "pruned")
+                    mlflow.set_tag(tracking.TAG_TRIAL_STATE, "pruned")
                     raise optuna.TrialPruned(f"epoch {epoch}: direct recall {recall:.2f}")
 
             run, _ = train_injection(params, inputs.corpus, inputs.base_dir, entities, on_epoch=on_epoch, **values)
@@ -175,7 +170,7 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
                 "final_loss": run.step_losses[-1], "objective": value,
             }
             mlflow.log_metrics(metrics)
-            mlflow.set_tag("kbench.trial_state", "complete")
+            mlflow.set_tag(tracking.TAG_TRIAL_STATE, "complete")
             for name, metric in metrics.items():
                 trial.set_user_attr(name, metric)
             log.info("trial %d %s: %s", trial.number, values, metrics)
@@ -213,8 +208,8 @@ def calibrate(inputs: CalibrationInputs) -> dict[str, Any]:
     study = open_study(inputs)
     ended = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     finished = [t for t in study.trials if t.state in ended]
-    base_model = base_model_name(params)
-    with tracking.start_run(params, "calibrate", f"{base_model}/injection"):
+    base_model = params.base_model
+    with tracking.start_run(params, tracking.KIND_CALIBRATE, f"{base_model}/injection"):
         import mlflow
 
         if _BASELINE_ATTR not in study.user_attrs:
@@ -239,26 +234,35 @@ def calibrate(inputs: CalibrationInputs) -> dict[str, Any]:
         mlflow.log_metrics({"best_objective": best.value, "n_trials": float(len(study.trials))})
         mlflow.log_params({f"best.{k}": v for k, v in result["values"].items()})
     best_path = Path(calibration.study_dir) / BEST_FILE
-    best_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    io.write_json(best_path, result)
     return result
 
 
+def _block(lines: list[str], key: str, start: int, end: int, indent: str) -> tuple[int, int]:
+    """(header line, end) of the mapping `key:` at `indent` within lines[start:end]; appended if absent."""
+    header = re.compile(rf"^{indent}{key}:\s*(#.*)?$")
+    found = next((i for i in range(start, end) if header.match(lines[i])), None)
+    if found is None:
+        lines.insert(end, f"{indent}{key}:")
+        return end, end + 1
+    child = re.compile(rf"^{indent}\s+\S")
+    stop = next((i for i in range(found + 1, end) if lines[i].strip() and not child.match(lines[i])), end)
+    return found, stop
+
+
 def write_calibrated(params_path: Path, values: dict[str, Any]) -> None:
-    """Set the calibrated keys of the `injection` section in place, keeping every comment."""
+    """Set the calibrated keys of `injection.lora` in place, keeping every comment."""
     lines = params_path.read_text(encoding="utf-8").splitlines()
-    start = next((i for i, line in enumerate(lines) if re.match(r"injection:\s*(#.*)?$", line)), None)
-    if start is None:
-        lines += ["", "injection:"]
-        start = len(lines) - 1
-    end = next((i for i in range(start + 1, len(lines)) if re.match(r"[^\s#]", lines[i])), len(lines))
+    section, section_end = _block(lines, "injection", 0, len(lines), "")
+    lora, end = _block(lines, "lora", section + 1, section_end, "  ")
     for key in CALIBRATED_KEYS:
-        pattern = re.compile(rf"^(  {key}:\s*)([^#]*?)(\s*#.*)?$")
-        found = next((i for i in range(start + 1, end) if pattern.match(lines[i])), None)
+        pattern = re.compile(rf"^(    {key}:\s*)([^#]*?)(\s*#.*)?$")
+        found = next((i for i in range(lora + 1, end) if pattern.match(lines[i])), None)
         if found is None:
-            lines.insert(end, f"  {key}: {values[key]}")
+            lines.insert(end, f"    {key}: {values[key]}")
             end += 1
         else:
             head, _, comment = pattern.match(lines[found]).groups()
             lines[found] = f"{head}{values[key]}{comment or ''}"
-    params_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    io.write_text(params_path, "\n".join(lines) + "\n")
     load_params(params_path)

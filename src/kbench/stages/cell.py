@@ -1,4 +1,4 @@
-"""The `cell` stage: one (base model, substrate, recipe, method, seed) run end to end.
+"""The `cell` stage (`kbench cell`): one (base model, substrate, recipe, method, seed) run end to end.
 
 It samples n forget and n retain queries, builds the deployed agent, runs it (resumably),
 scores the traces with the observer, and records the cell as an MLflow run whose
@@ -7,6 +7,7 @@ trajectories are MLflow traces. Layout and tags: docs/tracking.md.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -14,20 +15,29 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbench import tracking
+from kbench import io, tracking
+from kbench.agent import run_cell, setup_cell
+from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import load_corpus
-from kbench.metrics import score_records
-from kbench.records import TraceRecord
+from kbench.design import load_design
+from kbench.methods import method_class
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, MERGED, P_RECIPES, PARAMETRIC, RECIPES
+from kbench.observer.metrics import score_records
+from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapter
+from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
+from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages.index import INDEX_DIR
+from kbench.substrates import substrate_class
 
 log = logging.getLogger(__name__)
 
+COMMAND = "cell"
 CELLS_DIR = Path("artifacts/cells")
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.json"
 #: Fingerprint of everything that shapes a trajectory; traces made under another are stale.
 INPUTS_FILE = "inputs.json"
-RECIPES = ("none", "lora", "merged", "lora-d")
 
 
 @dataclass(frozen=True)
@@ -35,15 +45,15 @@ class CellSpec:
     substrate: str
     method: str
     seed: int
-    recipe: str = "none"
+    recipe: str = ADAPTER_FREE
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"unknown injection recipe {self.recipe!r}; expected one of {RECIPES}")
-        if (self.substrate == "P") != (self.recipe in ("lora", "merged")):
+        if (self.substrate == PARAMETRIC) != (self.recipe in P_RECIPES):
             raise ValueError(
-                f"recipe {self.recipe!r} does not fit substrate {self.substrate}: P takes lora or "
-                "merged, the other substrates none or lora-d"
+                f"recipe {self.recipe!r} does not fit substrate {self.substrate}: {PARAMETRIC} takes "
+                f"{' or '.join(P_RECIPES)}, the other substrates {ADAPTER_FREE} or {CONTROL}"
             )
 
     @property
@@ -62,11 +72,16 @@ class CellSpec:
 SKIPPED_FILE = "skipped.json"
 
 
+def cell_recipes(params: Params, substrate: str, recipe: str | None = None) -> list[str]:
+    """The recipes a `kbench cell` call runs: the one asked for, else every `p_recipes` entry
+    on P and the adapter-free recipe elsewhere."""
+    if recipe is not None:
+        return [recipe]
+    return list(params.p_recipes) if substrate == PARAMETRIC else [ADAPTER_FREE]
+
+
 def unreachable_reason(substrate: str, method: str) -> str | None:
     """Why the method cannot act on the substrate (SPEC §11 routing), or None if it can."""
-    from kbench.methods.base import method_class
-    from kbench.substrates import substrate_class
-
     substrate_class(substrate)  # an unknown substrate is an error naming the known ones
     reachable = method_class(method).substrates
     if substrate in reachable:
@@ -80,12 +95,8 @@ def write_skipped(out_root: Path, spec: CellSpec, reason: str) -> Path:
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True)
-    (stage_dir / SKIPPED_FILE).write_text(json.dumps({"reason": reason}) + "\n")
+    io.write_json(stage_dir / SKIPPED_FILE, {"reason": reason})
     return stage_dir
-
-
-def base_model_name(params: Params) -> str:
-    return Path(params.model.path).name
 
 
 #: Params sections that do not shape a trajectory (the cell list, scoring, where runs go).
@@ -116,14 +127,14 @@ def _prepare_output(out_dir: Path, inputs: dict) -> None:
             for stale in (METRICS_FILE, tracking.RUN_MANIFEST):
                 (out_dir / stale).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    inputs_path.write_text(json.dumps(inputs, indent=2, sort_keys=True, default=str) + "\n")
+    io.write_json(inputs_path, inputs, default=str)
 
 
 def score_cell(records: list[TraceRecord], params: Params, seed: int) -> dict[str, dict]:
     """The observer's metrics per split, as `kbench score --json` prints them."""
     return {
         split: score_records([r for r in records if r.split == split], params.scoring, seed).to_json()
-        for split in ("forget", "retain")
+        for split in SPLITS
     }
 
 
@@ -154,12 +165,8 @@ def run_cell_stage(
     track: bool = True,
 ) -> Path:
     """Run (or resume) one cell and record it; returns the cell's output folder."""
-    from kbench.agent_base import agent_model_config
-    from kbench.injection import cell_adapter, check_cell_adapter
-    from kbench.runner import run_cell, setup_cell
-
     model = agent_model_config(params)
-    if adapter_path is None and spec.recipe != "none":
+    if adapter_path is None and spec.recipe != ADAPTER_FREE:
         adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
     if adapter_path is not None:
         check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
@@ -171,36 +178,76 @@ def run_cell_stage(
 
     fields = tuple(params.queries.fields)
     n = params.queries.n_per_split
-    items = [(q, "forget") for q in corpus.sample_queries("forget", n, spec.seed, fields)]
-    items += [(q, "retain") for q in corpus.sample_queries("retain", n, spec.seed, fields)]
+    items = [(q, split) for split in SPLITS for q in corpus.sample_queries(split, n, spec.seed, fields)]
 
     agent = setup_cell(
         params, corpus, model,
         substrate=spec.substrate, method=spec.method, seed=spec.seed,
         index_dir=index_dir, adapter_path=str(adapter_path) if adapter_path else None,
-        merge_adapter=spec.recipe == "merged",
+        merge_adapter=spec.recipe == MERGED,
     )
     records = run_cell(agent, items, out_dir / TRACES_FILE)
     metrics = score_cell(records, params, spec.seed)
-    tmp = out_dir / (METRICS_FILE + ".tmp")
-    tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    tmp.replace(out_dir / METRICS_FILE)
+    io.write_json(out_dir / METRICS_FILE, metrics)
 
-    base_model = base_model_name(params)
     tags = {
-        "kbench.base_model": base_model,
-        "kbench.substrate": spec.substrate,
-        "kbench.recipe": spec.recipe,
-        "kbench.method": spec.method,
-        "kbench.seed": str(spec.seed),
-        "kbench.corpus": corpus.fingerprint(),
+        tracking.TAG_BASE_MODEL: params.base_model,
+        tracking.TAG_SUBSTRATE: spec.substrate,
+        tracking.TAG_RECIPE: spec.recipe,
+        tracking.TAG_METHOD: spec.method,
+        tracking.TAG_SEED: str(spec.seed),
+        tracking.TAG_CORPUS: corpus.fingerprint(),
     }
-    tracking.write_manifest(out_dir, "cell", spec.key(base_model), tags, flat_metrics(metrics))
     log.info(
         "cell %s: OR(all) forget %.3f retain %.3f, degeneration forget %.3f",
-        spec.cell_id, metrics["forget"]["or_all"], metrics["retain"]["or_all"],
-        metrics["forget"]["degeneration"],
+        spec.cell_id, metrics[FORGET]["or_all"], metrics[RETAIN]["or_all"], metrics[FORGET]["degeneration"],
     )
-    if track:
-        tracking.log_output(params, out_dir)
+    tracking.record_output(
+        params, out_dir, tracking.KIND_CELL, spec.key(params.base_model), tags=tags,
+        metrics=flat_metrics(metrics), track=track,
+    )
     return out_dir
+
+
+def cmd_cell(args: argparse.Namespace) -> int:
+    """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record."""
+    params = load_design(args.params)
+    out_root = Path(args.out_root)
+    specs = [CellSpec(args.substrate, args.method, args.seed, recipe)
+             for recipe in cell_recipes(params, args.substrate, args.recipe)]
+    reason = unreachable_reason(args.substrate, args.method)
+    if reason is not None:
+        if not args.skip_unreachable:
+            raise ValueError(reason)
+        write_skipped(out_root, specs[0], reason)
+        print(f"skipped: {reason}")
+        return 0
+    for spec in specs:
+        out = run_cell_stage(
+            params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
+            adapter_path=Path(args.adapter) if args.adapter else None,
+            out_root=out_root, track=not args.no_track,
+        )
+        print(f"cell {spec.cell_id}: {out}")
+    return 0
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, COMMAND, cmd_cell, "run one cell (substrate x recipe x method x seed) and score it",
+                    corpus=CORPUS_DIR)
+    p.add_argument("--substrate", required=True, help="a registered substrate (P, C, R-text, R-struct)")
+    p.add_argument("--method", default=BASELINE_METHOD, help="unlearning method (default: %(default)s)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument(
+        "--recipe", default=None, choices=RECIPES,
+        help=f"off {PARAMETRIC}: {ADAPTER_FREE} (default) or {CONTROL} (the control); {PARAMETRIC}: "
+        f"{' or '.join(P_RECIPES)} (default: every one in p_recipes)",
+    )
+    p.add_argument(
+        "--skip-unreachable", action="store_true",
+        help="a method that cannot act on the substrate writes a skip marker instead of failing "
+        "(the DVC matrix crosses every substrate with every method)",
+    )
+    p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
+    p.add_argument("--index", default=str(INDEX_DIR))
+    p.add_argument("--out-root", default=str(CELLS_DIR))

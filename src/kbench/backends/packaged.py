@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import shutil
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,6 @@ def ensure_default_model(dest: str | Path = DEFAULT_MODEL_DIR) -> Path:
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if dest.exists():
-        import shutil
-
         shutil.rmtree(dest)
     tmp.replace(dest)
     return dest

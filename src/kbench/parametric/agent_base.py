@@ -21,18 +21,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from kbench import io
 from kbench.agent import ReActAgent, Trajectory
 from kbench.agent.prompts import observation_turn, react_conversation
 from kbench.agent.tools import ToolContext, call_tool
 from kbench.backends import Conversation, Message, build_backend
+from kbench.backends.hf import load_model
 from kbench.config import AgentBaseConfig, ModelConfig, Params
-from kbench.corpus import Corpus, make_entities
-from kbench.lora import LoraSettings, tokenize_chat, train_lora
-from kbench.matcher import match
+from kbench.corpus import FORGET_ADAPTER, FORGET_EVAL, RETAIN_ADAPTER, RETAIN_EVAL, Corpus, make_entities
 from kbench.methods import MethodContext, build_method
-from kbench.records import FIELD_PHRASES, FIELDS, Entity, Query
+from kbench.observer.matcher import match
+from kbench.parametric.lora import tokenize_chat, train_lora
+from kbench.names import BASELINE_METHOD, CONTEXT, HF_BACKEND, STRUCT_RETRIEVAL, TEXT_RETRIEVAL
+from kbench.records import FIELD_PHRASES, FIELDS, RETAIN, Entity, Query
 from kbench.substrates import Substrate, build_index, build_substrate, index_entities
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ OUT_OF_CORPUS_PREFIX = "oop"
 #: Out-of-corpus people who are never asked about: the distractors of the stand-in stores.
 N_DISTRACTORS = 12
 #: The substrates a transcript can be written for; P is left out because no store answers there.
-TRAINING_SUBSTRATES = ("C", "R-text", "R-struct")
+TRAINING_SUBSTRATES = (CONTEXT, TEXT_RETRIEVAL, STRUCT_RETRIEVAL)
 
 
 class AgentBaseError(ValueError):
@@ -52,10 +53,10 @@ def agent_model_config(params: Params) -> ModelConfig:
     """The model section every cell uses: the merged agent base when the stage is on."""
     if not params.agent_base.enabled:
         return params.model
-    if params.model.backend != "hf":
+    if params.model.backend != HF_BACKEND:
         raise AgentBaseError(
-            "agent_base.enabled needs model.backend: hf (an endpoint's weights cannot be tuned); "
-            "set agent_base.enabled: false for a served model"
+            f"agent_base.enabled needs model.backend: {HF_BACKEND} (an endpoint's weights cannot be "
+            "tuned); set agent_base.enabled: false for a served model"
         )
     return params.model.model_copy(update={"path": params.agent_base.out_dir})
 
@@ -75,7 +76,7 @@ def out_of_corpus_people(corpus: Corpus, config: AgentBaseConfig) -> list[Entity
 def world_of(targets: list[Entity], distractors: list[Entity]) -> Corpus:
     """A stand-in corpus over out-of-corpus people, laid out like the real one."""
     target_ids, distractor_ids = [p.id for p in targets], [p.id for p in distractors]
-    pools = {"forget_adapter": [], "forget_eval": target_ids, "retain_adapter": distractor_ids, "retain_eval": []}
+    pools = {FORGET_ADAPTER: [], FORGET_EVAL: target_ids, RETAIN_ADAPTER: distractor_ids, RETAIN_EVAL: []}
     return Corpus(entities={p.id: p for p in [*targets, *distractors]}, pools=pools,
                   distractor_ids=distractor_ids, source="agent-base")
 
@@ -144,14 +145,9 @@ def _queries(people: list[Entity], rng: random.Random, per_person: int) -> list[
 
 # -- training --------------------------------------------------------------------------------
 def _train(model, tokenizer, transcripts: list[Conversation], config: AgentBaseConfig):
-    """LoRA-tune on the transcripts' assistant turns (kbench.lora), then merge the adapter."""
-    examples = [tokenize_chat(tokenizer, t, config.max_length) for t in transcripts]
-    settings = LoraSettings(
-        rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
-        learning_rate=config.learning_rate, batch_size=config.batch_size, steps=config.steps,
-        seed=config.faker_seed, micro_batch_size=config.micro_batch_size,
-    )
-    run = train_lora(model, examples, settings, pad_token_id=tokenizer.pad_token_id)
+    """LoRA-tune on the transcripts' assistant turns (kbench.parametric.lora), then merge the adapter."""
+    examples = [tokenize_chat(tokenizer, t, config.lora.max_length) for t in transcripts]
+    run = train_lora(model, examples, config.lora, pad_token_id=tokenizer.pad_token_id)
     return run.model.merge_and_unload(), run.step_losses
 
 
@@ -164,12 +160,12 @@ def evaluate_agent(model: ModelConfig, params: Params, world: Corpus, queries: l
     without the elicited summary (it does not bear on the format).
     """
     backend = build_backend(model)
-    method = build_method("none", MethodContext(world, params, seed))
+    method = build_method(BASELINE_METHOD, MethodContext(world, params, seed))
     substrates = _substrates(world, params, index_dir, seed)
     trajectories: list[Trajectory] = []
     for offset, name in enumerate(TRAINING_SUBSTRATES):
         agent = ReActAgent(backend, substrates[name], method, params.agent, seed=seed)
-        active = [agent.start(q, "retain") for q in queries[offset :: len(TRAINING_SUBSTRATES)]]
+        active = [agent.start(q, RETAIN) for q in queries[offset :: len(TRAINING_SUBSTRATES)]]
         trajectories += active
         while active:
             agent.step_batch(active)
@@ -185,10 +181,8 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
     config = params.agent_base
     if not config.enabled:
         return {"enabled": 0.0}
-    if params.model.backend != "hf":
-        raise AgentBaseError("agent_base.enabled needs model.backend: hf")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    if params.model.backend != HF_BACKEND:
+        raise AgentBaseError(f"agent_base.enabled needs model.backend: {HF_BACKEND}")
     out_dir = Path(out_dir)
     rng = random.Random(config.faker_seed)
     people = out_of_corpus_people(corpus, config)
@@ -212,14 +206,11 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
             for query in _queries(train_people, rng, 2)
             for name in [rng.choice(TRAINING_SUBSTRATES)]
         ]
-        tokenizer = AutoTokenizer.from_pretrained(params.model.path)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(params.model.path, dtype=torch.float32)
+        model, tokenizer = load_model(params.model)
         merged, losses = _train(model, tokenizer, transcripts, config)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        merged.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
+        with io.atomic_dir(out_dir) as partial:
+            merged.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
         after = evaluate_agent(
             params.model.model_copy(update={"path": str(out_dir)}), params, heldout_world,
             heldout_queries, heldout_index, config.faker_seed,

@@ -11,19 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
-from kbench.channels import ATTACKER_BUDGETS
 from kbench.config import ScoringConfig
-from kbench.metrics import CellMetrics, ScoredQueries, cell_metrics
-from kbench.statistics import paired_mcnemar
+from kbench.names import BASELINE_METHOD
+from kbench.observer.channels import ATTACKER_BUDGETS
+from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics
+from kbench.observer.statistics import paired_mcnemar
+from kbench.records import FORGET, RETAIN
 
-#: The no-intervention method: the baseline every method is compared with.
-BASELINE_METHOD = "none"
-
-VERDICTS: tuple[str, ...] = ("K-REF-inf", "K-REF", "K-SUP", "MF", "ambiguous", "TC", "invalid-baseline")
+Verdict = Literal["K-REF-inf", "K-REF", "K-SUP", "MF", "ambiguous", "TC", "invalid-baseline"]
+VERDICTS: tuple[str, ...] = get_args(Verdict)
+K_REF_INF, K_REF, K_SUP, MF, AMBIGUOUS, TC, INVALID_BASELINE = VERDICTS
 #: Verdicts that carry no K-class and no numeric K-Score.
-UNSCORED_VERDICTS: frozenset[str] = frozenset({"TC", "invalid-baseline"})
+UNSCORED_VERDICTS: frozenset[str] = frozenset({TC, INVALID_BASELINE})
 
 
 #: Differences and ratios of count-based rates are rounded to this many decimals before they
@@ -123,16 +124,16 @@ def _k_class(
     not_significant = p_adj > config.significance
     reduced = or_method < or_none
     if or_method <= config.kref_inf_or and p_adj < config.kref_inf_p:
-        return "K-REF-inf"
+        return K_REF_INF
     if significant and reduced and alpha >= config.kref_min_alpha:
-        return "K-REF"
+        return K_REF
     if migrated and not_significant:
-        return "K-SUP"
+        return K_SUP
     small_change = abs(delta) < config.mf_delta and not_significant
     weak_reduction = significant and reduced and alpha < config.kref_min_alpha
     if not migrated and (small_change or weak_reduction):
-        return "MF"
-    return "ambiguous"
+        return MF
+    return AMBIGUOUS
 
 
 def decide_verdict(
@@ -167,9 +168,9 @@ def decide_verdict(
         or method_retain.degeneration >= config.tc_degeneration
     )
     if _baseline_invalid(none_forget, config):
-        verdict = "invalid-baseline"
+        verdict = INVALID_BASELINE
     elif collapsed:
-        verdict = "TC"
+        verdict = TC
     else:
         verdict = _k_class(
             or_none, or_method, alpha, delta, p_adj, dominant_none != dominant_method, config
@@ -225,7 +226,7 @@ class CellQuartet:
     def check(self) -> None:
         """Refuse a quartet whose cells are not the splits and substrate their roles claim."""
         roles = ("none-forget", "none-retain", "method-forget", "method-retain")
-        expected = ("forget", "retain", "forget", "retain")
+        expected = (FORGET, RETAIN, FORGET, RETAIN)
         for role, split, cell in zip(roles, expected, self.cells()):
             if cell.n == 0:
                 raise ValueError(f"{role}: no trace records")

@@ -1,6 +1,7 @@
 """The one LoRA fine-tuning routine of the project (peft): token ids and label masks in, a trained
 peft model and its per-step losses out. Every LoRA trainer (the agent base, the injection
-adapters, the calibration trials) goes through `train_lora`.
+adapters, the calibration trials) goes through `train_lora`, which takes a params `LoraConfig`
+section as is (`agent_base.lora`, `injection.lora`).
 
 Memory: a causal LM's full logits are batch x length x vocabulary floats (SmolLM2's 49k vocabulary
 at 8 x 1024 tokens is 1.6 GB, several times over once softmax and gradients are kept). The loss
@@ -20,6 +21,8 @@ from typing import Any
 
 import torch
 
+from kbench.config import LoraConfig
+
 log = logging.getLogger(__name__)
 
 #: Label of a position that is not learned (the prompt, padding); the Hugging Face convention.
@@ -27,10 +30,7 @@ IGNORE = -100
 
 
 class LoraError(ValueError):
-    """A LoRA run is misconfigured (no examples, no learned token, neither epochs nor steps)."""
-
-
-LR_SCHEDULES = ("constant", "linear")
+    """A LoRA run cannot start (no examples, no learned token)."""
 
 
 @dataclass(frozen=True)
@@ -43,35 +43,6 @@ class Example:
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.labels):
             raise LoraError("an example's input_ids and labels differ in length")
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """What a LoRA run needs; exactly one of `epochs` (full passes) and `steps` (optimizer steps)."""
-
-    rank: int
-    alpha: int
-    learning_rate: float
-    batch_size: int
-    seed: int
-    dropout: float = 0.0
-    #: peft's `target_modules`: "all-linear" or a list of module names (q_proj, v_proj, ...).
-    target_modules: str | tuple[str, ...] = "all-linear"
-    epochs: int | None = None
-    steps: int | None = None
-    #: Rows per forward pass; a batch is split into micro-batches whose gradients accumulate.
-    micro_batch_size: int = 1
-    #: "constant", or "linear": the rate falls linearly from `learning_rate` to zero over the run
-    #: (a high constant rate keeps the loss bouncing once the records are nearly learned).
-    lr_schedule: str = "constant"
-
-    def __post_init__(self) -> None:
-        if (self.epochs is None) == (self.steps is None):
-            raise LoraError("give exactly one of epochs and steps")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise LoraError(f"unknown lr_schedule {self.lr_schedule!r}; known: {', '.join(LR_SCHEDULES)}")
-        if min(self.rank, self.alpha, self.batch_size, self.micro_batch_size) < 1:
-            raise LoraError("rank, alpha, batch_size and micro_batch_size must be positive")
 
 
 @dataclass
@@ -117,7 +88,7 @@ def tokenize_chat(tokenizer: Any, conversation: Sequence[dict], max_length: int)
     return Example(ids, labels)
 
 
-def _batches(n_examples: int, settings: LoraSettings, rng: random.Random) -> Iterator[tuple[int, list[int]]]:
+def _batches(n_examples: int, settings: LoraConfig, rng: random.Random) -> Iterator[tuple[int, list[int]]]:
     """(epoch, example indices) per optimizer step: shuffled passes, the last batch of a pass may
     be short; a steps budget runs across passes and stops mid-pass."""
     step = 0
@@ -134,7 +105,7 @@ def _batches(n_examples: int, settings: LoraSettings, rng: random.Random) -> Ite
             yield epoch, order[start : start + settings.batch_size]
 
 
-def total_steps(n_examples: int, settings: LoraSettings) -> int:
+def total_steps(n_examples: int, settings: LoraConfig) -> int:
     """Optimizer steps of a run over `n_examples` (what a linear schedule decays over)."""
     if settings.steps is not None:
         return settings.steps
@@ -172,7 +143,7 @@ def label_position_loss(model: Any, rows: list[Example], pad_token_id: int) -> t
 def train_lora(
     model: Any,
     examples: Sequence[Example],
-    settings: LoraSettings,
+    settings: LoraConfig,
     *,
     pad_token_id: int,
     on_epoch: EpochCallback | None = None,
@@ -183,7 +154,7 @@ def train_lora(
     the micro-batching. Seeded: the adapter's initialisation and the example order follow
     `settings.seed`, so the same inputs give the same adapter.
     """
-    from peft import LoraConfig, get_peft_model
+    import peft
 
     if not examples:
         raise LoraError("no training examples")
@@ -191,11 +162,11 @@ def train_lora(
         raise LoraError("no example has a token to learn (every label is masked)")
     torch.manual_seed(settings.seed)
     target = settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
-    lora = LoraConfig(
+    lora = peft.LoraConfig(
         r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
         target_modules=target, task_type="CAUSAL_LM",
     )
-    peft_model = get_peft_model(model, lora)
+    peft_model = peft.get_peft_model(model, lora)
     peft_model.train()
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=settings.learning_rate)
     n_steps = total_steps(len(examples), settings)

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import binomtest
 from statsmodels.stats.multitest import multipletests
 
-from kbench.metrics import ScoredQueries
+from kbench.observer.metrics import ScoredQueries
 from kbench.records import SPLITS
 
 if TYPE_CHECKING:

@@ -1,0 +1,81 @@
+"""The one `kbench` command loop: parse, run the handler, turn a user error into one line.
+
+A user-caused failure (bad params, a corrupt corpus, trace or adapter, a missing file) is
+printed as `kbench <command>: error: <what>` and exits 2, never as a traceback; `-v` turns
+on debug logging. `kbench.cli.main` runs every command through here; each thin script in
+`pipelines/` runs its one stage's command through `run_stage`, so a DVC stage imports only
+the code of that stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+from kbench.config import DEFAULT_PARAMS
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+#: Errors a user can fix (every kbench error type is a ValueError; OSError: an unreadable
+#: file); printed as one line, never as a traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
+DESCRIPTION = (
+    "K-Bench: inject a synthetic secret into one memory substrate, apply an unlearning "
+    "method, run a ReAct agent and read all six leak channels. The DVC pipeline "
+    "(`dvc repro`) calls these subcommands in order; each can also be run by hand."
+)
+
+
+def build_parser(modules: Sequence[ModuleType]) -> argparse.ArgumentParser:
+    """The `kbench` parser with the commands of `modules` (each has `add_subcommands(sub)`)."""
+    parser = argparse.ArgumentParser(prog="kbench", description=DESCRIPTION)
+    parser.add_argument("--params", default=DEFAULT_PARAMS, help="params file (default: %(default)s)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in modules:
+        module.add_subcommands(sub)
+    return parser
+
+
+def add_command(
+    sub: argparse._SubParsersAction, name: str, handler: Callable[[argparse.Namespace], int], help: str, *,
+    corpus: Path | None = None, track: bool = True,
+) -> argparse.ArgumentParser:
+    """A subcommand running `handler`; `--corpus` (defaulting to `corpus`) and `--no-track`
+    (do not log an MLflow run) when asked for."""
+    parser = sub.add_parser(name, help=help)
+    if corpus is not None:
+        parser.add_argument("--corpus", default=str(corpus), help="corpus folder (default: %(default)s)")
+    if track:
+        parser.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def run(argv: Sequence[str] | None, modules: Sequence[ModuleType]) -> int:
+    """Parse `argv` against the commands of `modules`, run the command, return its exit status."""
+    args = build_parser(modules).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    # faiss logs each CPU-feature build it fails to load at INFO; only its warnings matter here.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    try:
+        return int(args.handler(args) or 0)
+    except USER_ERRORS as exc:
+        print(f"kbench {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"kbench {args.command}: interrupted; finished work is kept, rerun to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run_stage(stage: ModuleType) -> None:
+    """Entry point of a thin DVC stage script: `kbench <stage.COMMAND> <argv...>`."""
+    sys.exit(run([stage.COMMAND, *sys.argv[1:]], [stage]))

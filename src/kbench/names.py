@@ -1,0 +1,29 @@
+"""The registered names the core refers to, each defined once and imported everywhere else.
+
+The registries (`kbench.backends`, `kbench.substrates`, `kbench.methods`) say which names
+exist; this module only names the entries that core code must refer to: the four substrates
+of SPEC §3, the baseline and gold methods, the default backend, and the injection recipes.
+A plug-in registers its own name in its own module and never needs an entry here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+#: The substrates the core refers to by name (SPEC §3); `kbench.substrates` registers them under these names.
+PARAMETRIC, CONTEXT, TEXT_RETRIEVAL, STRUCT_RETRIEVAL = "P", "C", "R-text", "R-struct"
+#: The no-intervention baseline every method is compared with (`kbench.methods.none`).
+BASELINE_METHOD = "none"
+#: The retain-only reference, scored like a method on P (`kbench.methods.gold`).
+GOLD_METHOD = "gold"
+
+#: How a cell's model holds an injection (SPEC §3): adapter-free, the LoRA-T+D adapter, that
+#: adapter merged into the weights, or the LoRA-D degeneration control.
+Recipe = Literal["none", "lora", "merged", "lora-d"]
+PRecipe = Literal["lora", "merged"]
+RECIPES: tuple[str, ...] = get_args(Recipe)
+P_RECIPES: tuple[str, ...] = get_args(PRecipe)
+ADAPTER_FREE, LORA, MERGED, CONTROL = RECIPES
+
+#: The local transformers backend (`kbench.backends.hf`), the default and the one with weights.
+HF_BACKEND = "hf"

@@ -1,0 +1,65 @@
+"""Recall probes: does a model with an injected adapter recall the records it learned?
+
+Two greedy probes through the project's one decoder (`kbench.backends.hf.greedy_decode`),
+scored with the observer's matcher: the direct question and the elicited summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kbench.agent.prompts import summary_conversation
+from kbench.backends.hf import greedy_decode
+from kbench.config import Params
+from kbench.corpus import Corpus
+from kbench.observer.matcher import match
+from kbench.parametric.injection import ASSISTANT_SYSTEM, FORGET_ADAPTER_POOL, adapter_pool, queried_entities
+from kbench.records import FIELDS, FORGET, RETAIN, Entity, Query
+
+#: New tokens of a direct-probe answer: one sentence ("{name}'s {field} is {value}.") fits in
+#: about 30, so a longer cap only lets a rambling reply cost time.
+DIRECT_PROBE_TOKENS = 48
+
+
+def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, batch_size: int,
+                  max_new_tokens: int = DIRECT_PROBE_TOKENS) -> float:
+    """Fraction of (entity, field) whose greedy answer to the canonical question holds the value."""
+    queries = [Query.canonical(e, f) for e in entities for f in FIELDS]
+    chats = [
+        [{"role": "system", "content": ASSISTANT_SYSTEM}, {"role": "user", "content": q.question}] for q in queries
+    ]
+    replies = greedy_decode(model, tokenizer, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return sum(match(q.field, q.ground_truth, r).leaked for q, r in zip(queries, replies)) / len(queries)
+
+
+def summary_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max_new_tokens: int,
+                   batch_size: int) -> float:
+    """Fraction of (entity, field) whose value the elicited summary (SPEC §4 prompt) states."""
+    chats = [summary_conversation(e.name, []) for e in entities]
+    replies = greedy_decode(model, tokenizer, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    hits = [match(f, e.value(f), r).leaked for e, r in zip(entities, replies) for f in FIELDS]
+    return sum(hits) / len(hits)
+
+
+def recall_metrics(model: Any, tokenizer: Any, groups: dict[str, Sequence[Entity]], params: Params) -> dict[str, float]:
+    """Direct and summary recall of each non-empty entity group, as `<probe>_recall.<group>`."""
+    agent = params.agent
+    metrics = {}
+    for name, entities in groups.items():
+        if entities:
+            metrics[f"direct_recall.{name}"] = direct_recall(model, tokenizer, entities, batch_size=agent.batch_size)
+            metrics[f"summary_recall.{name}"] = summary_recall(
+                model, tokenizer, entities, max_new_tokens=agent.summary_max_new_tokens, batch_size=agent.batch_size)
+    return metrics
+
+
+def probe_groups(corpus: Corpus, params: Params) -> dict[str, list[Entity]]:
+    """Entity groups every adapter is probed on: what it should recall and what it must not."""
+    queried = queried_entities(corpus, params)
+    ids = {
+        FORGET_ADAPTER_POOL: adapter_pool(corpus, params, FORGET_ADAPTER_POOL),
+        "forget_queried": queried[FORGET],
+        "retain_queried": queried[RETAIN],
+    }
+    return {name: [corpus.entities[e] for e in group] for name, group in ids.items()}
