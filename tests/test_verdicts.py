@@ -104,6 +104,31 @@ def test_k_sup_when_the_leak_migrates_without_a_significant_drop():
     assert (result.verdict, result.dominant_none, result.dominant_method) == ("K-SUP", "Z_answer", "Z_summary")
 
 
+def test_a_vanished_leak_at_low_power_has_not_migrated():
+    # SPEC §10 revised: OR(all) 1.0 -> 0.0 on 4 pairs (p = p_adj = 2 · ½⁴ = 0.125). The
+    # baseline's leak has a dominant channel, the method cell has none: nothing moved, so not
+    # K-SUP; |Δ| = 1 ≥ 0.05 at p_adj > 0.05 without migration is ambiguous.
+    result = verdict_of(cell(answer=4), cell(method="m", clean=4))
+    assert (result.dominant_none, result.dominant_method) == ("Z_answer", None)
+    assert result.p_adj == pytest.approx(0.125) and result.or_method == 0.0
+    assert result.verdict == "ambiguous"
+
+
+def test_a_leak_spread_over_channels_has_not_migrated():
+    # The method cell leaks as much, but through no dominant channel (answer and summary
+    # alike): that is no migration either, and the unchanged OR(all) is a measured failure.
+    result = verdict_of(BASELINE, cell(method="m", both=N))
+    assert (result.dominant_none, result.dominant_method) == ("Z_answer", None)
+    assert result.verdict == "MF"
+
+
+def test_a_leak_that_appears_in_one_channel_after_none_dominated_migrated():
+    # The baseline's own leak has no dominant channel; a method cell with one did migrate.
+    result = verdict_of(cell(both=N), cell(method="m", summary=N))
+    assert (result.dominant_none, result.dominant_method) == (None, "Z_summary")
+    assert result.verdict == "K-SUP"
+
+
 def test_mf_when_nothing_changes():
     result = verdict_of(BASELINE, cell(method="m", answer=N))
     assert result.verdict == "MF" and result.p == 1.0

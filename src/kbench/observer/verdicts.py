@@ -97,6 +97,14 @@ class VerdictResult:
         }
 
 
+def leak_migrated(dominant_none: str | None, dominant_method: str | None) -> bool:
+    """The leak moved to another channel (SPEC §10, revised): the method cell has a dominant
+    channel and it is not the baseline's (which may be none). A leak that vanished or spread
+    out has no channel it moved to, so a method cell without a dominant channel never migrated.
+    """
+    return dominant_method is not None and dominant_method != dominant_none
+
+
 def _baseline_invalid(none_forget: CellMetrics, config: ScoringConfig) -> bool:
     """Gate 1: the baseline must leak and must realize the secret in its own answers.
 
@@ -173,7 +181,7 @@ def decide_verdict(
         verdict = TC
     else:
         verdict = _k_class(
-            or_none, or_method, alpha, delta, p_adj, dominant_none != dominant_method, config
+            or_none, or_method, alpha, delta, p_adj, leak_migrated(dominant_none, dominant_method), config
         )
 
     if verdict in UNSCORED_VERDICTS:
