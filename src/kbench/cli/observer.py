@@ -1,4 +1,4 @@
-"""`kbench score`, `kbench verdict` and `kbench import-traces`: the observer's command line.
+"""`kbench score`, `kbench verdict`, `kbench import-traces` and `kbench power`: the observer's command line.
 
 Scoring works on trace files alone, outside a project folder too. Bad input (unreadable
 file, invalid record, inconsistent cells) is a one-line error and exit 2 (`kbench.cli`).
@@ -16,10 +16,19 @@ from typing import Any
 from kbench.config import DEFAULT_PARAMS, ScoringConfig, load_params
 from kbench.io import write_jsonl
 from kbench.observer.channels import CHANNELS
-from kbench.observer.format import fmt_interval, fmt_number, fmt_rate
+from kbench.observer.format import fmt_interval, fmt_number, fmt_p, fmt_rate
 from kbench.observer.metrics import CellMetrics, score_queries, score_records
+from kbench.observer.power import PairedDesign, exact_power, n_per_seed_needed, simulated_power, smallest_p
 from kbench.observer.published import CellLabels, import_published
-from kbench.observer.verdicts import CellQuartet, VerdictResult, compare_cells, verdicts_by_budget
+from kbench.observer.verdicts import (
+    K_REF,
+    K_REF_INF,
+    CellQuartet,
+    VerdictResult,
+    compare_cells,
+    reachable_classes,
+    verdicts_by_budget,
+)
 from kbench.records import SPLITS, TraceRecord, read_traces
 
 
@@ -113,8 +122,66 @@ def run_import(args: argparse.Namespace) -> None:
     print(f"wrote {len(records)} trace records to {args.out}", file=sys.stderr)
 
 
+def power_report(design: PairedDesign, config: ScoringConfig, simulations: int | None, seed: int) -> dict[str, Any]:
+    """`kbench power --json`: the design, the paired model, the power and what the n allows."""
+    baseline_only, method_only = design.discordant
+    exact = simulations is None
+    power = exact_power(design) if exact else simulated_power(design, simulations, seed)
+    lowest = smallest_p(design.pairs)
+    return {
+        "n": design.n,
+        "seeds": design.seeds,
+        "pairs": design.pairs,
+        "or_none": design.or_none,
+        "or_method": design.or_method,
+        "relative_reduction": design.relative_reduction,
+        "rho": design.rho,
+        "alpha": design.alpha,
+        "p_baseline_only": baseline_only,
+        "p_method_only": method_only,
+        "power": power,
+        "method": "exact" if exact else f"simulation ({simulations} draws, seed {seed})",
+        "smallest_p": lowest,
+        "reachable_classes": list(reachable_classes(lowest, config)),
+        "n_per_seed_needed": {
+            K_REF: n_per_seed_needed(config.significance, design.seeds),
+            K_REF_INF: n_per_seed_needed(config.kref_inf_p, design.seeds),
+        },
+    }
+
+
+def power_text(report: dict[str, Any]) -> str:
+    """The readable `kbench power` listing."""
+    needed = report["n_per_seed_needed"]
+    return "\n".join([
+        f"paired McNemar, exact two-sided, rejecting at p < {report['alpha']:g}",
+        f"design: {report['n']} queries per split x {report['seeds']} seed(s) = {report['pairs']} pairs",
+        f"model: OR none {report['or_none']:g}, OR method {report['or_method']:.4g} "
+        f"({report['relative_reduction']:.0%} lower), rho {report['rho']:g}: "
+        f"P(baseline only) {report['p_baseline_only']:.4g}, P(method only) {report['p_method_only']:.4g}",
+        f"power: {fmt_rate(report['power'])} ({report['method']})",
+        f"smallest p with {report['pairs']} pairs: {fmt_p(report['smallest_p'])}; "
+        f"reachable K-classes: {', '.join(report['reachable_classes'])}",
+        f"with {report['seeds']} seed(s), {K_REF} needs n >= {needed[K_REF]} per seed and "
+        f"{K_REF_INF} n >= {needed[K_REF_INF]}",
+    ])
+
+
+def run_power(args: argparse.Namespace) -> None:
+    config = _scoring_config(args)
+    design = PairedDesign(
+        n=args.n, seeds=args.seeds, or_none=args.or_none, relative_reduction=args.relative_reduction,
+        rho=args.rho, alpha=config.significance if args.alpha is None else args.alpha,
+    )
+    report = power_report(design, config, args.simulations, args.seed)
+    if args.json:
+        _print_json(report)
+    else:
+        print(power_text(report))
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    """Register `score`, `verdict` and `import-traces` on the `kbench` parser."""
+    """Register `score`, `verdict`, `import-traces` and `power` on the `kbench` parser."""
     score = subparsers.add_parser("score", help="metrics of the trace records given, as one cell")
     score.add_argument("files", nargs="+", metavar="FILE.jsonl")
     score.add_argument("--json", action="store_true", help="print one JSON object")
@@ -137,3 +204,21 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     imported.add_argument("--seed", type=int)
     imported.add_argument("--split", choices=SPLITS)
     imported.set_defaults(handler=run_import)
+
+    power = subparsers.add_parser(
+        "power", help="power of the paired McNemar test for a planned design (docs/observer.md)"
+    )
+    power.add_argument("--n", type=int, required=True, help="queries per split and seed")
+    power.add_argument("--seeds", type=int, required=True, help="seeds pooled")
+    power.add_argument("--or-none", type=float, required=True, help="baseline leak probability (OR(all))")
+    power.add_argument("--relative-reduction", type=float, required=True,
+                       help="the method leaks or_none x (1 - this)")
+    power.add_argument("--rho", type=float, required=True,
+                       help="correlation of a pair's two leak indicators")
+    power.add_argument("--alpha", type=float, default=None,
+                       help="level of the test (default: scoring.significance of the params file)")
+    power.add_argument("--simulations", type=int, default=None,
+                       help="estimate by this many seeded draws instead of the exact sum")
+    power.add_argument("--seed", type=int, default=0, help="seed of the simulation (default: %(default)s)")
+    power.add_argument("--json", action="store_true", help="print one JSON object")
+    power.set_defaults(handler=run_power)

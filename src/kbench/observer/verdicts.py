@@ -144,6 +144,25 @@ def _k_class(
     return AMBIGUOUS
 
 
+#: The K-classes of rules 3-7, in rule order (the gates TC and invalid-baseline are no class).
+K_CLASSES: tuple[str, ...] = (K_REF_INF, K_REF, K_SUP, MF, AMBIGUOUS)
+
+
+def reachable_classes(smallest_p_adj: float, config: ScoringConfig | None = None) -> tuple[str, ...]:
+    """The K-classes a row can be given when its p_adj can fall no lower than `smallest_p_adj`.
+
+    K-REF∞ needs p_adj < kref_inf_p and K-REF p_adj < significance; K-SUP, MF and ambiguous
+    each have a branch at p_adj > significance (p = 1 is always possible), so they stay reachable.
+    """
+    config = config or ScoringConfig()
+    out = set()
+    if smallest_p_adj >= config.kref_inf_p:
+        out.add(K_REF_INF)
+    if smallest_p_adj >= config.significance:
+        out.add(K_REF)
+    return tuple(c for c in K_CLASSES if c not in out)
+
+
 def decide_verdict(
     none_forget: CellMetrics,
     none_retain: CellMetrics,
