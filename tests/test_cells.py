@@ -8,9 +8,12 @@ import mlflow
 import pytest
 
 from kbench import tracking
-from kbench.stages.cell import CellSpec, _prepare_output, flat_metrics, score_cell
-from kbench.config import Params
+from kbench.config import ModelConfig, Params
+from kbench.design import Design
+from kbench.parametric import base_fingerprint
+from kbench.stages.cell import CellSpec, _prepare_output, cell_tags, flat_metrics, model_fingerprint, score_cell
 
+from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _traces import leaking, trace, write_jsonl
 
 
@@ -66,3 +69,20 @@ def test_trajectories_become_mlflow_traces_linked_to_the_run(kbench_root):
     assert spans["search_wiki"].outputs == {"observation": "Norma Fisher is a Lawyer."}
     assert any(span.span_type == "AGENT" for span in spans.values())
     assert "elicited summary" in spans
+
+
+def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
+    params = Params()
+    spec = CellSpec("P", "gold", 0, "lora")
+    model = model_fingerprint(ModelConfig(path=str(tiny_model_dir)))
+    assert model == base_fingerprint(tiny_model_dir)
+    assert model_fingerprint(ModelConfig(backend="openai", path="gpt-x")) == "openai:gpt-x"
+    tags = cell_tags(params, spec, "corpus-fp", model)
+    assert tags[tracking.TAG_MODEL] == model and tags[tracking.TAG_CORPUS] == "corpus-fp"
+    assert tags[tracking.TAG_N_PER_SPLIT] == str(params.queries.n_per_split)
+    # What the compare stage reads back: this run is of the design of the same params.
+    assert Design.of(params).excludes(
+        base_model=tags[tracking.TAG_BASE_MODEL], substrate=tags[tracking.TAG_SUBSTRATE],
+        recipe=tags[tracking.TAG_RECIPE], method=tags[tracking.TAG_METHOD], seed=int(tags[tracking.TAG_SEED]),
+        n_per_split=tags[tracking.TAG_N_PER_SPLIT], digest=tags[tracking.TAG_DESIGN],
+    ) is None

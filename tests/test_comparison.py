@@ -5,21 +5,28 @@ matrix, attacker-budget flips, leak-pattern TV and τ, η², LoRA-D controls, mi
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from _comparison_cells import BASELINE_RETAIN, cell_run, design
 
 from kbench.comparison.analysis import DESIGN_FACTORS, RowKey, compare, sensitivity
 from kbench.comparison.collect import CellRunInfo, latest_per_key
 from kbench.comparison.plots import k_score_frame, selectivity_frame
+from kbench.comparison.report import Provenance, render_markdown
 from kbench.comparison.tables import (
     attacker_budget_table,
     budget_verdict_table,
     leaderboards,
+    leak_pattern_table,
+    reach_line,
     separation_table,
     verdict_matrix,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -130,25 +137,70 @@ def test_attacker_budgets_and_flips(comparison):
 def test_leak_patterns_tv_and_tau_by_hand(comparison):
     (patterns,) = comparison.leak_patterns
     # C's seeds: shares (answer 1) and (answer 0.8, summary 0.2): between-seed TV 0.2, the
-    # largest, so τ = 2 · 0.2. Pooled C shares: answer 8/9, summary 1/9; R-struct ½, ½;
-    # R-text answer 1.
+    # largest, so τ = 2 · 0.2. Pooled C shares: answer 8/9, summary 1/9; R-struct ½, ½.
+    # R-text's baseline is invalid (OR 0.05): listed and marked, but out of TV and τ.
     assert patterns.tau == pytest.approx(0.4)
-    tv = {(p.first, p.second): p for p in patterns.pairs}
-    assert tv["C", "R-struct"].tv == pytest.approx(7 / 18) and not tv["C", "R-struct"].separated
-    assert tv["C", "R-text"].tv == pytest.approx(1 / 9) and not tv["C", "R-text"].separated
-    assert tv["R-struct", "R-text"].tv == pytest.approx(0.5) and tv["R-struct", "R-text"].exempt
+    (pair,) = patterns.pairs
+    assert (pair.first, pair.second) == ("C", "R-struct")
+    assert pair.tv == pytest.approx(7 / 18) and not pair.separated and not pair.exempt
     assert patterns.hypothesis_holds is False
-    table = separation_table(patterns, 2.0)
-    assert column(table, "TV > τ") == ["no", "no", "yes"]
-    assert column(table, "Exempt") == ["", "", "exempt"]
+    assert patterns.excluded == ("R-text",)
     assert [s.invalid for s in patterns.substrates] == [False, False, True]
+    table = separation_table(patterns, 2.0)
+    assert column(table, "TV > τ") == ["no"] and column(table, "Exempt") == [""]
+    assert "Excluded, the baseline fails a validity gate: R-text." in table.note
+    baseline = dict(zip(column(leak_pattern_table(patterns), "Substrate"), column(leak_pattern_table(patterns), "Baseline")))
+    assert baseline == {"C": "valid", "R-struct": "valid", "R-text": "invalid: excluded from TV and τ"}
 
 
-def test_tau_is_undefined_with_one_seed():
+def _p_baselines() -> list:
+    """P baselines of both recipes over both seeds: LoRA leaks through the answer in each seed;
+    merged through the answer in seed 0 and the summary in seed 137 (between-seed TV 1)."""
+    cells = []
+    for seed in (0, 137):
+        cells.append(cell_run("none", "P", recipe="lora", seed=seed, forget={"answer": 20}, retain=BASELINE_RETAIN))
+        merged = {"answer": 20} if seed == 0 else {"summary": 20}
+        cells.append(cell_run("none", "P", recipe="merged", seed=seed, forget=merged, retain=BASELINE_RETAIN))
+        for recipe in ("lora", "merged"):
+            cells.append(cell_run("gold", "P", recipe=recipe, seed=seed, forget={"clean": 20}, retain=BASELINE_RETAIN))
+    return cells
+
+
+def test_the_merged_recipe_is_never_a_tv_substrate():
+    result = compare([*design(), *_p_baselines()])
+    (patterns,) = result.leak_patterns
+    assert [s.key.substrate for s in patterns.substrates] == ["C", "P", "R-struct", "R-text"]
+    assert {s.key.recipe for s in patterns.substrates if s.key.substrate == "P"} == {"lora"}
+    named = {name for pair in patterns.pairs for name in (pair.first, pair.second)}
+    assert named == {"C", "P", "R-struct"} and not any("merged" in name for name in named)
+    # τ stays C's 2 · 0.2: merged's seeds (TV 1 apart) would have made it 2.
+    assert patterns.tau == pytest.approx(0.4)
+    (merged,) = patterns.recipes
+    assert merged.key.recipe == "merged" and merged.is_recipe
+    # Pooled merged shares ½ answer, ½ summary against LoRA's answer 1: TV ½.
+    assert merged.tv_to_default == pytest.approx(0.5)
+    table = leak_pattern_table(patterns)
+    lines = dict(zip(column(table, "Substrate"), column(table, "Line")))
+    assert lines == {"C": "substrate", "P": "substrate", "R-struct": "substrate", "R-text": "substrate",
+                     "P (merged)": "recipe merged of P"}
+    assert column(table, "TV to default recipe")[-1] == "0.500"
+    assert "P (merged)" in separation_table(patterns, 2.0).note
+    # The merged recipe keeps its own leaderboard rows.
+    (p_board,) = [t for t in leaderboards(result) if t.title == "tiny · P"]
+    assert sorted(zip(column(p_board, "Method"), column(p_board, "Recipe"))) == [
+        ("ga", "lora"), ("gold", "lora"), ("gold", "merged"), ("none", "lora"), ("none", "merged")
+    ]
+
+
+def test_tau_is_undefined_with_one_seed_and_the_report_says_so_in_words():
     cells = [c for c in design() if c.seed == 0]
     (patterns,) = compare(cells).leak_patterns
-    assert patterns.tau is None and patterns.hypothesis_holds is None
-    assert column(separation_table(patterns, 2.0), "TV > τ") == ["—", "—", "—"]
+    assert patterns.tau is None and patterns.hypothesis_holds is None and patterns.seeds == 1
+    table = separation_table(patterns, 2.0)
+    assert column(table, "τ") == ["undefined: τ needs two seeds and this run has one"]
+    assert column(table, "TV > τ") == ["not judged (no τ)"]
+    assert "this run has one" in table.note
+    assert set(column(leak_pattern_table(patterns), "Between-seed TV")) == {"one seed leaked: undefined"}
 
 
 def test_eta_squared_by_hand():
@@ -180,6 +232,67 @@ def test_sensitivity_of_the_design(comparison):
     assert omitted == {"base_model", "recipe", "scoring_rule"}
     # Every seed gives the same K-Score here, so the seed explains nothing.
     assert {e.factor: e.eta_squared for e in s.effects}["seed"] == pytest.approx(0.0, abs=1e-12)
+
+
+def _small_run(n: int, seeds=(0,)) -> list:
+    """A one-substrate run with n queries per split and seed: the baseline leaks on every
+    forget query, `eraser` on none."""
+    return [
+        cell_run(method, "C", seed=seed, forget={"answer": n} if method == "none" else {"clean": n},
+                 retain={"answer": n})
+        for method in ("none", "eraser")
+        for seed in seeds
+    ]
+
+
+def test_four_pairs_cannot_reach_a_k_ref_class_and_the_report_opens_saying_so():
+    result = compare(_small_run(4))
+    eraser = row(result, "C", "eraser")
+    assert eraser.test_forget.pairs == 4 and eraser.verdict.p_adj == pytest.approx(0.125)
+    assert eraser.smallest_p_adj == pytest.approx(0.125)
+    assert eraser.reachable == ("K-SUP", "MF", "ambiguous")
+    # A leak that vanished at low power has no channel it moved to: not K-SUP (SPEC §10).
+    assert eraser.verdict.verdict == "ambiguous"
+    line = reach_line(result)
+    reachable, _, out = line.partition(" Out of reach")
+    assert reachable == "Reachable verdict classes in this run: K-SUP, MF, ambiguous."
+    assert "K-REF" not in reachable and "K-REF-inf, K-REF" in out and "4 pairs" in out and "0.125" in out
+    assert row(result, "C", "none").smallest_p_adj is None and row(result, "C", "none").reachable == ()
+    board = leaderboards(result)[0]
+    assert column(board, "Method") == ["eraser", "none"]
+    assert column(board, "Smallest p_adj") == ["0.125", "—"]
+    assert column(board, "Reachable classes") == ["K-SUP, MF, ambiguous", "—"]
+    markdown = render_markdown(result, Provenance("kbench", "sqlite:///mlflow.db", 2, "abc"))
+    assert markdown.splitlines()[2] == f"**{line}**"
+
+
+def test_enough_pairs_reach_every_class():
+    # 11 pairs: smallest p 2 · ½¹¹ < 0.001; 6 pairs: 2 · ½⁶ < 0.05; two seeds pool their pairs.
+    assert compare(_small_run(11)).reachable_classes == ("K-REF-inf", "K-REF", "K-SUP", "MF", "ambiguous")
+    assert compare(_small_run(6)).reachable_classes == ("K-REF", "K-SUP", "MF", "ambiguous")
+    two_seeds = compare(_small_run(6, seeds=(0, 137)))
+    assert row(two_seeds, "C", "eraser").test_forget.pairs == 12
+    assert "Out of reach" not in reach_line(two_seeds)
+    assert reach_line(compare([])).startswith("Reachable verdict classes: none yet")
+
+
+def test_selectivity_scatter_is_forget_or_against_retain_or_with_none_and_gold_labelled():
+    result = compare([*design(), *_p_baselines()])
+    frame = selectivity_frame(result)
+    assert list(frame.columns[:4]) == ["substrate", "method", "or_forget", "or_retain"]
+    assert len(frame) == len(result.rows)  # one point per (substrate, method) row, baselines included
+    point = frame.set_index(["substrate", "method"])
+    assert point.loc[("C", "migrator"), ["or_forget", "or_retain"]].tolist() == pytest.approx([0.8, 0.45])
+    assert point.loc[("C", "none"), ["or_forget", "or_retain"]].tolist() == pytest.approx([0.8, 0.5])
+    labelled = frame[frame["label"] != ""]
+    assert set(zip(labelled["substrate"], labelled["label"])) == {
+        ("C", "none"), ("R-struct", "none"), ("R-text", "none"), ("P", "none"), ("P (merged)", "none"),
+        ("P", "gold"), ("P (merged)", "gold"),
+    }
+    # The DVC plot reads the same two columns of the same CSV.
+    plots = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["compare"]["plots"]
+    (spec,) = [p["reports/plots/selectivity.csv"] for p in plots if isinstance(p, dict) and "reports/plots/selectivity.csv" in p]
+    assert (spec["x"], spec["y"]) == ("or_forget", "or_retain")
 
 
 def test_lora_d_control_beside_the_adapter_free_baseline(comparison):

@@ -14,46 +14,79 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+import yaml
 from _comparison_cells import BASELINE_RETAIN, cell_run, design
 from _traces import write_jsonl
 from PIL import Image
 
 from kbench import tracking
+from kbench.cli import app
 from kbench.comparison.analysis import CellRun, compare
 from kbench.comparison.report import Provenance
-from kbench.stages.compare import run_compare_stage, write_reports
-from kbench.stages.compare import add_subcommands
-from kbench.config import Params
+from kbench.config import Params, parse_params
+from kbench.design import Design
+from kbench.stages import compare as compare_stage
+from kbench.stages.cell import CellSpec, cell_tags
+from kbench.stages.compare import add_subcommands, run_compare_stage, write_reports
 
 CHROMIUM = Path("/usr/bin/chromium")
+#: The corpus and model fingerprints the hand-made cell runs claim.
+CORPUS, MODEL = "corpus-fp", "model-fp"
 
 
-def _tags(cell: CellRun) -> dict[str, str]:
-    return {
-        "kbench.base_model": cell.base_model,
-        "kbench.substrate": cell.substrate,
-        "kbench.recipe": cell.recipe,
-        "kbench.method": cell.method,
-        "kbench.seed": str(cell.seed),
+def tiny_params(**overrides) -> Params:
+    """The design of tests/_comparison_cells.py: base model `tiny`, seeds 0 and 137, n = 20."""
+    data = {
+        "model": {"path": "models/tiny"}, "seeds": [0, 137], "queries": {"n_per_split": 20},
+        "methods": ["none", "eraser", "halver", "migrator", "ga"], "substrates": ["C", "R-text", "R-struct"],
     }
+    return parse_params({**data, **overrides})
+
+
+def _tags(cell: CellRun, params: Params) -> dict[str, str]:
+    """The tags the cell stage writes (`cell_tags`), for a cell run of `params`."""
+    return cell_tags(params, CellSpec(cell.substrate, cell.method, cell.seed, cell.recipe), CORPUS, MODEL)
 
 
 def _key(cell: CellRun) -> str:
     return f"{cell.base_model}/{cell.substrate}/{cell.recipe}/{cell.method}/{cell.seed}"
 
 
-def log_cell(params: Params, cell: CellRun, scratch: Path) -> str:
+def log_cell(params: Params, cell: CellRun, scratch: Path, tags: dict[str, str] | None = None) -> str:
     """A cell run as the cell stage leaves it: tags and output/traces.jsonl."""
     folder = scratch / cell.run_id
     folder.mkdir(parents=True)
     write_jsonl(folder / "traces.jsonl", list(cell.records))
-    with tracking.start_run(params, "cell", _key(cell), tags=_tags(cell)) as run:
+    with tracking.start_run(params, "cell", _key(cell), tags=tags or _tags(cell, params)) as run:
         mlflow.log_artifact(str(folder / "traces.jsonl"), artifact_path="output")
         return run.info.run_id
 
 
+def test_the_cell_stage_tags_make_a_run_part_of_its_design():
+    params = tiny_params()
+    tags = _tags(next(c for c in design() if c.method == "ga"), params)
+    design_of = Design.of(params)
+    assert tags[tracking.TAG_DESIGN] == design_of.digest and tags[tracking.TAG_N_PER_SPLIT] == "20"
+    assert tags[tracking.TAG_MODEL] == MODEL and tags[tracking.TAG_CORPUS] == CORPUS
+    parts = dict(base_model=tags[tracking.TAG_BASE_MODEL], substrate="P", recipe="lora", method="ga", seed=0,
+                 n_per_split=tags[tracking.TAG_N_PER_SPLIT], digest=tags[tracking.TAG_DESIGN])
+    assert design_of.excludes(**parts) is None
+    assert "n_per_split 20, not 10" in Design.of(tiny_params(queries={"n_per_split": 10})).excludes(**parts)
+    other_agent = Design.of(tiny_params(agent={"max_iters": 3}))
+    assert "design digest" in other_agent.excludes(**parts)
+    assert "seed 0 is not in the design" in Design.of(tiny_params(seeds=[137])).excludes(**parts)
+    assert "recipe lora of P" in Design.of(tiny_params(p_recipes=["merged"])).excludes(**parts)
+    assert "no design tags" in design_of.excludes(**{**parts, "digest": None})
+    # The LoRA-D control is in every design that has its substrate, with method none only.
+    control = dict(parts, substrate="C", recipe="lora-d", method="none")
+    assert design_of.excludes(**control) is None
+    assert "runs none only" in design_of.excludes(**dict(control, method="eraser"))
+    # The cell list, seeds and scoring are not in the digest: adding a method keeps old cells.
+    assert Design.of(tiny_params(methods=["none"], scoring={"significance": 0.01})).digest == design_of.digest
+
+
 def test_compare_stage_round_trip(kbench_root, caplog, capsys):
-    params = Params()
+    params = tiny_params()
     scratch = kbench_root / "scratch"
     c_cells = [
         c for c in design() if (c.substrate, c.recipe) == ("C", "none") and c.method in ("none", "eraser", "migrator")
@@ -65,14 +98,14 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     run_ids = {_key(c): log_cell(params, c, scratch) for c in c_cells}
     ga = next(c for c in design() if c.method == "ga")
     run_ids[_key(ga)] = log_cell(params, ga, scratch)
-    with pytest.raises(RuntimeError), tracking.start_run(params, "cell", "tiny/C/none/crashed/0", tags=_tags(ga)):
+    with pytest.raises(RuntimeError), tracking.start_run(params, "cell", "tiny/C/none/crashed/0", tags=_tags(ga, params)):
         raise RuntimeError("a cell that failed is not compared")
     # An R-struct baseline exists only as a DVC output folder with its manifest (no run yet).
     synced = cell_run("none", "R-struct", forget={"answer": 1, "clean": 1}, retain={"answer": 1})
     folder = kbench_root / "artifacts" / "cells" / "R-struct__none__none__s0"
     folder.mkdir(parents=True)
     write_jsonl(folder / "traces.jsonl", list(synced.records))
-    tracking.write_manifest(folder, "cell", _key(synced), _tags(synced), {})
+    tracking.write_manifest(folder, "cell", _key(synced), _tags(synced, params), {})
 
     with caplog.at_level(logging.WARNING, logger="kbench.stages.compare"):
         result = run_compare_stage(params, kbench_root / "reports")
@@ -109,7 +142,8 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     # The command, pointed at a new experiment, first logs the DVC-tracked cell output there:
     # that is all this experiment holds.
     capsys.readouterr()
-    (kbench_root / "params.yaml").write_text("{}\n")
+    # The command checks the params' methods against the registry: this design runs `none` only.
+    (kbench_root / "params.yaml").write_text(yaml.safe_dump(tiny_params(methods=["none"]).model_dump(mode="json")))
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", default="params.yaml")
     add_subcommands(parser.add_subparsers(dest="command"))
@@ -122,10 +156,82 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
 
     # A cell run without its trace records is an error that names the run, never a silent gap.
     other = params.model_copy(update={"tracking": params.tracking.model_copy(update={"experiment": "other"})})
-    with tracking.start_run(other, "cell", _key(synced), tags=_tags(synced)) as empty_run:  # a re-run
+    with tracking.start_run(other, "cell", _key(synced), tags=_tags(synced, params)) as empty_run:  # a re-run
         pass
     with pytest.raises(ValueError, match=f"{empty_run.info.run_id} .* has no artifact output/traces.jsonl"):
         run_compare_stage(other, kbench_root / "broken")
+
+
+def test_a_store_with_two_designs_gives_two_reports_with_separate_families(kbench_root, capsys):
+    # Design A: tests/_comparison_cells.py on C (n = 20, seeds 0 and 137, four methods).
+    params_a = tiny_params(methods=["none", "eraser", "halver", "migrator"])
+    cells_a = [c for c in design() if (c.substrate, c.recipe) == ("C", "none") and c.method in params_a.methods]
+    ids_a = {log_cell(params_a, c, kbench_root / "a") for c in cells_a}
+    # Design B, logged later into the same experiment: n = 10 on seed 0, the baseline and gold
+    # on P and a C baseline whose key collides with one of design A's.
+    params_b = tiny_params(seeds=[0], queries={"n_per_split": 10}, methods=["none", "gold"], p_recipes=["lora"])
+    time.sleep(0.01)
+    cells_b = [
+        cell_run("none", "P", recipe="lora", forget={"answer": 10}, retain={"answer": 10}),
+        cell_run("gold", "P", recipe="lora", forget={"clean": 10}, retain={"answer": 10}),
+        cell_run("none", "C", forget={"answer": 10}, retain={"answer": 10}),
+    ]
+    ids_b = {log_cell(params_b, c, kbench_root / "b") for c in cells_b}
+    # A run from before cells carried design tags belongs to no design.
+    old = cell_run("halver", "C", seed=271, forget={"clean": 20}, retain=BASELINE_RETAIN)
+    old_tags = {k: v for k, v in _tags(old, params_a).items() if k not in (tracking.TAG_DESIGN, tracking.TAG_N_PER_SPLIT)}
+    log_cell(params_a, old, kbench_root / "old", tags=old_tags)
+
+    result_a = run_compare_stage(params_a, kbench_root / "report-a")
+    report_a = json.loads((kbench_root / "report-a" / "comparison.json").read_text())
+    assert {run for r in report_a["rows"] for run in r["run_ids"]} == ids_a
+    # BH over design A's three forget tests alone: the numbers of comparing A's cells by themselves.
+    alone = {r.key.method: r for r in compare(cells_a, params_a.scoring).rows}
+    for r in result_a.comparison.rows:
+        assert r.verdict.p_adj == pytest.approx(alone[r.key.method].verdict.p_adj)
+        assert r.p_adj_retain == pytest.approx(alone[r.key.method].p_adj_retain)
+    assert {o["key"]: o["reason"] for o in report_a["not_in_design"]} == {
+        "tiny/P/lora/none/0": "n_per_split 10, not 20",
+        "tiny/P/lora/gold/0": "method gold is not in the design",  # the first difference found
+        "tiny/C/none/none/0": "n_per_split 10, not 20",
+        "tiny/C/none/halver/271": "seed 271 is not in the design (0, 137)",
+    }
+    html = (kbench_root / "report-a" / "index.html").read_text()
+    assert "Not in this design" in html and "tiny/P/lora/gold/0" in html
+    assert "Not in this design" in (kbench_root / "report-a" / "leaderboard.md").read_text()
+    assert report_a["design"] == {"description": Design.of(params_a).describe(), "corpus": CORPUS, "model": MODEL}
+
+    # `kbench compare --params FILE` reports design B from the same store; the global
+    # --params stays what it was when the subcommand does not repeat it.
+    file_b = kbench_root / "b.yaml"
+    file_b.write_text(yaml.safe_dump(params_b.model_dump(mode="json")))
+    parser = app.build_parser([compare_stage])
+    assert parser.parse_args(["--params", "x.yaml", "compare"]).params == "x.yaml"
+    args = parser.parse_args(["--params", "x.yaml", "compare", "--params", str(file_b), "--out", "report-b"])
+    assert args.params == str(file_b)
+    assert args.handler(args) == 0
+    assert "3 rows from 3 cell runs, 0 without a baseline" in capsys.readouterr().out
+    report_b = json.loads((kbench_root / "report-b" / "comparison.json").read_text())
+    rows_b = {(r["key"]["substrate"], r["key"]["method"]): r for r in report_b["rows"]}
+    assert set(rows_b) == {("P", "none"), ("P", "gold"), ("C", "none")}
+    assert {run for r in report_b["rows"] for run in r["run_ids"]} == ids_b
+    # Gold is design B's only test: a family of one, p_adj = p = 2 · ½¹⁰.
+    gold = rows_b["P", "gold"]["verdict"]
+    assert gold["p"] == pytest.approx(2 * 0.5**10) and gold["p_adj"] == gold["p"]
+    assert {o["key"] for o in report_b["not_in_design"]} == {_key(c) for c in cells_a} | {_key(old)}
+
+
+def test_runs_of_another_corpus_under_the_same_params_are_left_out(kbench_root):
+    params = tiny_params(methods=["none", "eraser"])
+    cells = [c for c in design() if (c.substrate, c.recipe) == ("C", "none") and c.method in params.methods]
+    stale = log_cell(params, cells[0], kbench_root / "stale", tags={**_tags(cells[0], params), tracking.TAG_CORPUS: "older"})
+    time.sleep(0.01)
+    fresh = {log_cell(params, c, kbench_root / "fresh") for c in cells}
+    result = run_compare_stage(params, kbench_root / "reports")
+    assert {run for r in result.comparison.rows for run in r.run_ids} == fresh
+    report = json.loads((kbench_root / "reports" / "comparison.json").read_text())
+    (left_out,) = report["not_in_design"]
+    assert left_out["run_id"] == stale and "corpus fingerprint older, not corpus-fp" in left_out["reason"]
 
 
 def test_report_renders_in_headless_chromium(tmp_path):

@@ -4,16 +4,28 @@
 registries know: that `model.backend`, every entry of `substrates` and every entry of
 `methods` name a registered backend, substrate and method. An unknown name fails at
 start-up naming the key and the registered names.
+
+`Design` is which cells a params file defines and under what conditions they run: the
+comparison reads only the cell runs of one design (docs/comparison.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbench.backends import backend_names
 from kbench.config import DEFAULT_PARAMS, Params, ParamsError, load_params
 from kbench.methods import method_names
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, PARAMETRIC
 from kbench.substrates import substrate_names
+
+#: Params sections that shape every cell of a design besides the cell's own key (substrate,
+#: recipe, method, seed): the corpus, the queries, the model and the agent that runs it. Each
+#: is a DVC parameter of the cell stages, so a change re-runs (and re-tags) every cell.
+DESIGN_SECTIONS = ("corpus", "queries", "model", "agent", "agent_base")
 
 
 def _check(names: list[str], registered: list[str], key: str, kind: str) -> None:
@@ -36,3 +48,86 @@ def check_design(params: Params, *, source: str = "params") -> Params:
 def load_design(path: str | Path = DEFAULT_PARAMS) -> Params:
     """A params file read, validated against the schema and checked against the registries."""
     return check_design(load_params(path), source=str(path))
+
+
+def design_digest(params: Params) -> str:
+    """Digest of the `DESIGN_SECTIONS` of the params: equal exactly when they are equal."""
+    shaping = params.model_dump(include=set(DESIGN_SECTIONS), mode="json")
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Design:
+    """The cells a params file defines and the conditions they run under (docs/comparison.md).
+
+    Cells: every adapter-free substrate of `substrates` and P with each of `p_recipes`, crossed
+    with `methods` and `seeds`, plus the LoRA-D control (`none` with the distractor-only
+    adapter) on every adapter-free substrate. Conditions: the base model, the queries per
+    split and seed, and the digest of the sections that shape every cell.
+    """
+
+    base_model: str
+    #: Adapter-free substrates (`params.substrates`); P is in the design with its `p_recipes`.
+    substrates: tuple[str, ...]
+    p_recipes: tuple[str, ...]
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    n_per_split: int
+    digest: str
+
+    @classmethod
+    def of(cls, params: Params) -> "Design":
+        return cls(
+            base_model=params.base_model,
+            substrates=tuple(params.substrates),
+            p_recipes=tuple(params.p_recipes),
+            methods=tuple(params.methods),
+            seeds=tuple(params.seeds),
+            n_per_split=params.queries.n_per_split,
+            digest=design_digest(params),
+        )
+
+    def _recipes(self, substrate: str) -> tuple[str, ...]:
+        if substrate == PARAMETRIC:
+            return self.p_recipes
+        return (ADAPTER_FREE, CONTROL) if substrate in self.substrates else ()
+
+    def excludes(
+        self, *, base_model: str, substrate: str, recipe: str, method: str, seed: int,
+        n_per_split: str | None, digest: str | None,
+    ) -> str | None:
+        """Why a cell run is not of this design (its tags as arguments), or None if it is.
+
+        `n_per_split` and `digest` are the run's tags as written (None: the run has none).
+        """
+        if base_model != self.base_model:
+            return f"base model {base_model}, not {self.base_model}"
+        recipes = self._recipes(substrate)
+        if not recipes:
+            return f"substrate {substrate} is not in the design"
+        if recipe not in recipes:
+            return f"recipe {recipe} of {substrate} is not in the design ({', '.join(recipes)})"
+        if recipe == CONTROL and method != BASELINE_METHOD:
+            return f"the {CONTROL} control runs {BASELINE_METHOD} only, not {method}"
+        if recipe != CONTROL and method not in self.methods:
+            return f"method {method} is not in the design"
+        if seed not in self.seeds:
+            return f"seed {seed} is not in the design ({', '.join(map(str, self.seeds))})"
+        if digest is None or n_per_split is None:
+            return "the run carries no design tags (it predates them)"
+        if n_per_split != str(self.n_per_split):
+            return f"n_per_split {n_per_split}, not {self.n_per_split}"
+        if digest != self.digest:
+            return f"design digest {digest}, not {self.digest} (other corpus, queries, model or agent params)"
+        return None
+
+    def describe(self) -> str:
+        """One line naming the design, for the report's header."""
+        p = f"{PARAMETRIC} ({', '.join(self.p_recipes)})" if self.p_recipes else None
+        substrates = ", ".join(s for s in (p, *self.substrates) if s)
+        return (
+            f"base model {self.base_model}; substrates {substrates} (with the {CONTROL} control on "
+            f"each adapter-free one); methods {', '.join(self.methods)}; seeds "
+            f"{', '.join(map(str, self.seeds))}; n = {self.n_per_split} queries per split and seed; "
+            f"design digest {self.digest}"
+        )

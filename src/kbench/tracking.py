@@ -33,13 +33,19 @@ TAG_KIND = "kbench.kind"
 TAG_KEY = "kbench.key"
 TAG_OUTPUT_HASH = "kbench.output_hash"
 TAG_COMMIT = "kbench.git_commit"
-#: What a run is about; a cell run carries the first six (docs/tracking.md).
+#: What a run is about; a cell run carries these six and the three design tags (docs/tracking.md).
 TAG_BASE_MODEL = "kbench.base_model"
 TAG_SUBSTRATE = "kbench.substrate"
 TAG_RECIPE = "kbench.recipe"
 TAG_METHOD = "kbench.method"
 TAG_SEED = "kbench.seed"
 TAG_CORPUS = "kbench.corpus"
+#: What makes a cell run part of a design (docs/comparison.md): the digest of the params that
+#: shape every cell (`kbench.design.design_digest`), the queries per split and seed, and the
+#: fingerprint of the weights the agent ran on.
+TAG_DESIGN = "kbench.design"
+TAG_N_PER_SPLIT = "kbench.n_per_split"
+TAG_MODEL = "kbench.model_fingerprint"
 TAG_CORPUS_SOURCE = "kbench.corpus_source"
 TAG_INJECTION = "kbench.injection"
 #: A calibration trial's end: "complete" or "pruned".

@@ -22,6 +22,7 @@ from kbench.config import ScoringConfig
 from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, LORA
 from kbench.observer.channels import ATTACKER_BUDGETS
 from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
+from kbench.observer.power import smallest_p_adjusted
 from kbench.observer.statistics import (
     McNemarResult,
     SubstrateSeparation,
@@ -30,8 +31,17 @@ from kbench.observer.statistics import (
     paired_mcnemar,
     substrate_separation,
     tau_threshold,
+    tv_distance,
 )
-from kbench.observer.verdicts import INVALID_BASELINE, CellQuartet, VerdictResult, decide_verdict, verdicts_by_budget
+from kbench.observer.verdicts import (
+    INVALID_BASELINE,
+    K_CLASSES,
+    CellQuartet,
+    VerdictResult,
+    decide_verdict,
+    reachable_classes,
+    verdicts_by_budget,
+)
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 
 #: The distractor-only control adapter loaded with a non-P substrate (SPEC §3).
@@ -161,6 +171,12 @@ class RowResult:
     verdict: VerdictResult
     #: Verdict under each attacker budget A1..A5; empty for a baseline row (nothing to test).
     by_budget: dict[str, VerdictResult]
+    #: The smallest p_adj the row's forget test could reach with its pairs, whatever the queries
+    #: had shown (`kbench.observer.power.smallest_p_adjusted` over the forget family); None for
+    #: a baseline row, which is no test.
+    smallest_p_adj: float | None = None
+    #: The K-classes that bound leaves reachable (`reachable_classes`); empty for a baseline row.
+    reachable: tuple[str, ...] = ()
 
     @property
     def flips(self) -> bool:
@@ -207,18 +223,42 @@ class SubstratePattern:
     metrics: CellMetrics
     run_ids: tuple[str, ...]
     seed_shares: tuple[dict[str, float | None], ...]  # share vector of each seed that leaked
+    #: The baseline fails a validity gate (SPEC §10 rule 1): shown, but out of TV and τ.
     invalid: bool
+    #: A recipe line (P merged): TV between its pooled shares and those of its substrate's
+    #: default recipe, a consistency check expected near 0; None on a substrate line, or when
+    #: either side has no share vector.
+    tv_to_default: float | None = None
+
+    @property
+    def is_recipe(self) -> bool:
+        """A variant recipe of a substrate (P merged), not one of the four substrates."""
+        return self.key.recipe not in DEFAULT_RECIPES
 
 
 @dataclass(frozen=True)
 class LeakPatterns:
-    """The substrate leak-pattern hypothesis of SPEC §9 for one base model."""
+    """The substrate leak-pattern hypothesis of SPEC §9 for one base model.
+
+    The substrates are P, C, R-text and R-struct, each with its default recipe (LoRA for P);
+    a variant recipe (P merged) is a `recipes` line beside them, never a substrate of the TV
+    pairs or of τ. Invalid baselines are listed but take part in neither.
+    """
 
     base_model: str
     substrates: tuple[SubstratePattern, ...]
-    tau: float | None  # None: no substrate has two seeds with a defined share vector
+    #: Baselines of variant recipes, each with its TV to the default recipe of its substrate.
+    recipes: tuple[SubstratePattern, ...]
+    tau: float | None  # None: no valid substrate has two seeds with a defined share vector
     pairs: tuple[SubstrateSeparation, ...]
-    no_leak: tuple[str, ...]  # substrates whose baseline never leaked: no share vector, no TV
+    no_leak: tuple[str, ...]  # valid substrates whose baseline never leaked: no share vector, no TV
+    #: The most seeds any valid substrate baseline has (τ needs two).
+    seeds: int = 0
+
+    @property
+    def excluded(self) -> tuple[str, ...]:
+        """Substrates whose baseline failed a validity gate: out of TV and τ."""
+        return tuple(s.key.substrate_label for s in self.substrates if s.invalid)
 
     @property
     def hypothesis_holds(self) -> bool | None:
@@ -252,6 +292,17 @@ class Comparison:
     leak_patterns: tuple[LeakPatterns, ...]
     sensitivity: Sensitivity
     config: ScoringConfig
+
+    @property
+    def tested(self) -> tuple[RowResult, ...]:
+        """The method rows: every row but the baselines (which are no test)."""
+        return tuple(r for r in self.rows if not r.key.is_baseline)
+
+    @property
+    def reachable_classes(self) -> tuple[str, ...]:
+        """The K-classes some method row of the run could reach with its pairs (SPEC §10 order)."""
+        reachable = {c for r in self.tested for c in r.reachable}
+        return tuple(c for c in K_CLASSES if c in reachable)
 
 
 def _quartet(row: Row, baseline: Row, by_seed: int | None = None) -> CellQuartet:
@@ -293,6 +344,7 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
     retain_tests = {k: paired_mcnemar(q.none_retain, q.method_retain) for k, q in quartets.items()}
     p_adj_forget = _adjusted({row.key: forget_tests[row.key].p for row in tested})
     p_adj_retain = _adjusted({row.key: retain_tests[row.key].p for row in tested})
+    smallest = smallest_p_adjusted({row.key: forget_tests[row.key].pairs for row in tested})
     budget_p = {row.key: _budget_tests(quartets[row.key]) for row in tested}
     budget_p_adj = {budget: _adjusted({k: p[budget] for k, p in budget_p.items()}) for budget in ATTACKER_BUDGETS}
 
@@ -323,6 +375,8 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
                 p_adj_retain=p_adj_retain.get(key, retain_tests[key].p),
                 verdict=verdict,
                 by_budget=by_budget,
+                smallest_p_adj=smallest.get(key),
+                reachable=() if key.is_baseline else reachable_classes(smallest[key], config),
             )
         )
     return results
@@ -356,42 +410,57 @@ def _missing(rows: dict[RowKey, Row]) -> list[MissingBaseline]:
     ]
 
 
+def _pattern(row: Row, result: RowResult, config: ScoringConfig, default: SubstratePattern | None) -> SubstratePattern:
+    seed_shares = tuple(
+        shares for cells in row.by_seed.values() if (shares := cell_metrics(cells[FORGET], config).shares) is not None
+    )
+    tv_to_default = None
+    if default is not None and result.forget.shares is not None and default.metrics.shares is not None:
+        tv_to_default = tv_distance(result.forget.shares, default.metrics.shares)
+    return SubstratePattern(
+        key=result.key,
+        metrics=result.forget,
+        run_ids=result.run_ids,
+        seed_shares=seed_shares,
+        invalid=result.verdict.verdict == INVALID_BASELINE,
+        tv_to_default=tv_to_default,
+    )
+
+
 def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: ScoringConfig) -> list[LeakPatterns]:
     """Per base model: baseline leak shares per substrate, pairwise TV and τ (SPEC §9).
 
-    τ comes from the per-seed share vectors of each baseline; the pairwise TV compares the
-    seed-pooled share vectors. A baseline that never leaked has no share vector and takes
-    part in neither.
+    One entry per substrate, its default recipe (LoRA for P, adapter-free for the others);
+    a variant recipe's baseline (P merged) is a recipe line with its TV to the default
+    recipe. τ comes from the per-seed share vectors of each valid substrate baseline; the
+    pairwise TV compares the seed-pooled share vectors. A baseline that fails a validity gate,
+    or never leaked, takes part in neither.
     """
     patterns = []
     baselines = sorted((r for r in results if r.key.is_baseline), key=lambda r: r.key)
     for base_model, group in itertools.groupby(baselines, key=lambda r: r.key.base_model):
-        substrates = []
-        for result in group:
-            seed_shares = tuple(
-                shares
-                for cells in rows[result.key].by_seed.values()
-                if (shares := cell_metrics(cells[FORGET], config).shares) is not None
-            )
-            substrates.append(
-                SubstratePattern(
-                    key=result.key,
-                    metrics=result.forget,
-                    run_ids=result.run_ids,
-                    seed_shares=seed_shares,
-                    invalid=result.verdict.verdict == INVALID_BASELINE,
-                )
-            )
-        shares = {s.key.substrate_label: s.metrics.shares for s in substrates if s.metrics.shares is not None}
-        tau = tau_threshold({s.key.substrate_label: s.seed_shares for s in substrates}, config.tau_factor)
+        group = list(group)
+        substrates = {
+            r.key.substrate: _pattern(rows[r.key], r, config, None) for r in group if r.key.recipe in DEFAULT_RECIPES
+        }
+        recipes = [
+            _pattern(rows[r.key], r, config, substrates.get(r.key.substrate))
+            for r in group
+            if r.key.recipe not in DEFAULT_RECIPES
+        ]
+        valid = [s for s in substrates.values() if not s.invalid]
+        shares = {s.key.substrate: s.metrics.shares for s in valid if s.metrics.shares is not None}
+        tau = tau_threshold({s.key.substrate: s.seed_shares for s in valid}, config.tau_factor)
         pairs = substrate_separation(shares, math.nan if tau is None else tau, config.tv_exempt_pairs)
         patterns.append(
             LeakPatterns(
                 base_model=base_model,
-                substrates=tuple(substrates),
+                substrates=tuple(substrates.values()),
+                recipes=tuple(recipes),
                 tau=tau,
                 pairs=tuple(pairs),
-                no_leak=tuple(s.key.substrate_label for s in substrates if s.metrics.shares is None),
+                no_leak=tuple(s.key.substrate for s in valid if s.metrics.shares is None),
+                seeds=max((len(rows[s.key].seeds) for s in valid), default=0),
             )
         )
     return patterns

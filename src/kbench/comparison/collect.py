@@ -1,8 +1,10 @@
-"""Read the finished cell runs of an experiment from MLflow (the only I/O of the comparison).
+"""Read the finished cell runs of one design from MLflow (the only I/O of the comparison).
 
-A cell key can have several runs (a re-run after a code change, a `kbench sync` in another
-clone); the latest finished one stands for the cell. Its trace records come from the run's
-artifact `output/traces.jsonl` (docs/tracking.md), so every number of the report is
+A store can hold the runs of several designs (the CPU default and the paper preset, say):
+`select_design` keeps the runs of the design the params define and lists the others by key.
+A cell key can have several runs of the design (a re-run after a code change, a `kbench sync`
+in another clone); the latest finished one stands for the cell. Its trace records come from
+the run's artifact `output/traces.jsonl` (docs/tracking.md), so every number of the report is
 recomputed from the evidence MLflow holds, not from the metrics the cell logged.
 """
 
@@ -15,13 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbench.comparison.analysis import CellRun
+from kbench.design import Design
 from kbench.records import read_traces
 from kbench.tracking import (
     KIND_CELL,
     TAG_BASE_MODEL,
+    TAG_CORPUS,
+    TAG_DESIGN,
     TAG_KEY,
     TAG_KIND,
     TAG_METHOD,
+    TAG_MODEL,
+    TAG_N_PER_SPLIT,
     TAG_RECIPE,
     TAG_SEED,
     TAG_SUBSTRATE,
@@ -58,6 +65,74 @@ def latest_per_key(runs: Iterable[CellRunInfo]) -> list[CellRunInfo]:
         if kept is None or (run.start_time, run.run_id) > (kept.start_time, kept.run_id):
             latest[run.key] = run
     return [latest[key] for key in sorted(latest)]
+
+
+@dataclass(frozen=True)
+class OutOfDesign:
+    """A cell key with a run that is not of the report's design (its latest such run), and why."""
+
+    key: str
+    run_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DesignRuns:
+    """The cell runs of one design, and the keys of the store's other runs."""
+
+    #: The latest run of each cell key of the design, in key order.
+    members: tuple[CellRunInfo, ...]
+    #: One entry per cell key that has runs outside the design: the latest of them.
+    others: tuple[OutOfDesign, ...]
+    #: Corpus and model fingerprints of the design's cells (those of its newest run); None
+    #: when the store holds no run of the design.
+    corpus: str | None
+    model: str | None
+
+
+def _design_reason(info: CellRunInfo, design: Design) -> str | None:
+    fields = _cell_fields(info)
+    return design.excludes(
+        base_model=str(fields["base_model"]), substrate=str(fields["substrate"]), recipe=str(fields["recipe"]),
+        method=str(fields["method"]), seed=int(fields["seed"]),
+        n_per_split=info.tags.get(TAG_N_PER_SPLIT), digest=info.tags.get(TAG_DESIGN),
+    )
+
+
+def select_design(runs: Iterable[CellRunInfo], design: Design) -> DesignRuns:
+    """The runs of `design` (latest per cell key) and, by key, the runs of other designs.
+
+    A run is of the design when its tags match the design's cells and conditions
+    (`Design.excludes`) and it was measured on the design's corpus and model: the fingerprints
+    of the design's newest run (so a run made before the code changed what the same params
+    produce is left out too).
+    """
+    inside: list[CellRunInfo] = []
+    reasons: dict[str, str] = {}
+    outside: list[CellRunInfo] = []
+    for run in runs:
+        reason = _design_reason(run, design)
+        if reason is None:
+            inside.append(run)
+        else:
+            reasons[run.run_id] = reason
+            outside.append(run)
+    corpus = model = None
+    kept = []
+    if inside:
+        newest = max(inside, key=lambda r: (r.start_time, r.run_id))
+        corpus, model = newest.tags.get(TAG_CORPUS), newest.tags.get(TAG_MODEL)
+        for run in inside:
+            if run.tags.get(TAG_CORPUS) != corpus:
+                reasons[run.run_id] = f"corpus fingerprint {run.tags.get(TAG_CORPUS)}, not {corpus} (the design's newest run)"
+            elif run.tags.get(TAG_MODEL) != model:
+                reasons[run.run_id] = f"model fingerprint {run.tags.get(TAG_MODEL)}, not {model} (the design's newest run)"
+            else:
+                kept.append(run)
+                continue
+            outside.append(run)
+    others = tuple(OutOfDesign(r.key, r.run_id, reasons[r.run_id]) for r in latest_per_key(outside))
+    return DesignRuns(tuple(latest_per_key(kept)), others, corpus, model)
 
 
 def search_cell_runs(experiment_id: str) -> list[CellRunInfo]:
@@ -107,9 +182,12 @@ def load_cell_run(info: CellRunInfo, scratch: Path) -> CellRun:
     return CellRun(run_id=info.run_id, records=records, **fields)  # type: ignore[arg-type]
 
 
-def collect_cells(experiment_id: str) -> list[CellRun]:
-    """The latest finished run of every cell key in the experiment, with its trace records."""
+def collect_cells(experiment_id: str, design: Design) -> tuple[list[CellRun], DesignRuns]:
+    """The latest finished run of every cell key of `design` in the experiment, with its trace
+    records, and the selection that chose them (the runs of other designs, by key)."""
     # One progress bar per downloaded file would bury the stage's log; a user's setting wins.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    selection = select_design(search_cell_runs(experiment_id), design)
     with tempfile.TemporaryDirectory(prefix="kbench-compare-") as scratch:
-        return [load_cell_run(info, Path(scratch)) for info in latest_per_key(search_cell_runs(experiment_id))]
+        cells = [load_cell_run(info, Path(scratch)) for info in selection.members]
+    return cells, selection

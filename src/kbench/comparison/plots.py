@@ -20,9 +20,13 @@ import pandas as pd  # noqa: E402
 from kbench import io  # noqa: E402
 from kbench.comparison.analysis import Comparison  # noqa: E402
 from kbench.comparison.tables import leaderboard_order, shown_k_score  # noqa: E402
+from kbench.names import BASELINE_METHOD, GOLD_METHOD  # noqa: E402
 from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS  # noqa: E402
 
 DPI = 110
+#: Points of the selectivity scatter that carry their method's name: the baseline and the
+#: retain-only reference, the two every other method is read against.
+LABELLED_METHODS = (BASELINE_METHOD, GOLD_METHOD)
 
 
 def _series(base_model: str, label: str, several_models: bool) -> str:
@@ -53,20 +57,21 @@ def cer_frame(comparison: Comparison) -> pd.DataFrame:
 
 
 def selectivity_frame(comparison: Comparison) -> pd.DataFrame:
-    """Each method row: forget OR against Δsel (its retain OR minus the baseline's)."""
+    """One point per (substrate, method) row, baselines included: forget OR(all) against
+    retain OR(all) (SPEC §13); `label` names the `none` and `gold` points."""
     several = _several_models(comparison)
     records = [
         {
             "substrate": _series(r.key.base_model, r.key.substrate_label, several),
             "method": r.key.method,
             "or_forget": r.forget.or_all,
-            "delta_sel": r.verdict.delta_sel,
+            "or_retain": r.retain.or_all,
             "verdict": r.verdict.verdict,
+            "label": r.key.method if r.key.method in LABELLED_METHODS else "",
         }
-        for r in comparison.rows
-        if not r.key.is_baseline
+        for r in sorted(comparison.rows, key=lambda r: r.key)
     ]
-    return pd.DataFrame(records, columns=["substrate", "method", "or_forget", "delta_sel", "verdict"])
+    return pd.DataFrame(records, columns=["substrate", "method", "or_forget", "or_retain", "verdict", "label"])
 
 
 def budget_frame(comparison: Comparison) -> pd.DataFrame:
@@ -126,23 +131,34 @@ def cer_figure(frame: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def selectivity_figure(frame: pd.DataFrame, d1_tolerance: float) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7, 5))
-    ax.axhspan(-d1_tolerance, d1_tolerance, color="tab:green", alpha=0.15, label=f"D1: |Δsel| < {d1_tolerance:g}")
-    ax.axhline(0, color="0.5", linewidth=0.8)
-    for substrate, part in frame.groupby("substrate", sort=True):
-        ax.scatter(part["or_forget"], part["delta_sel"], label=substrate, s=36)
-    # Rows at the same point share one label instead of overprinting each other.
-    for (x, y), same in frame.groupby(["or_forget", "delta_sel"]):
-        names = (f"{m} ({s})" for m, s in zip(same["method"], same["substrate"]))
+#: Marker per method in the selectivity scatter, in method order (colours are substrates).
+_MARKERS = ("o", "s", "^", "D", "v", "8", "X", "*", "<", ">", "h", "p")
+
+
+def selectivity_figure(frame: pd.DataFrame) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    substrates = sorted(set(frame["substrate"]))
+    methods = sorted(set(frame["method"]), key=lambda m: (m not in LABELLED_METHODS, m))
+    colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(substrates)}
+    markers = {m: _MARKERS[i % len(_MARKERS)] for i, m in enumerate(methods)}
+    for row in frame.itertuples():
+        ax.scatter(row.or_forget, row.or_retain, s=40, color=colours[row.substrate], marker=markers[row.method])
+    # Labelled points at the same spot share one label instead of overprinting each other.
+    for (x, y), same in frame[frame["label"] != ""].groupby(["or_forget", "or_retain"]):
+        names = (f"{m} ({s})" for m, s in zip(same["label"], same["substrate"]))
         ax.annotate("\n".join(names), (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     if frame.empty:
-        ax.text(0.5, 0.75, "no method rows yet", ha="center", transform=ax.transAxes, color="0.4")
+        ax.text(0.5, 0.5, "no comparable rows yet", ha="center", transform=ax.transAxes, color="0.4")
+    handles = [plt.Line2D([], [], color=colours[s], marker="o", linestyle="", label=s) for s in substrates]
+    handles += [plt.Line2D([], [], color="0.3", marker=markers[m], linestyle="", label=m) for m in methods]
+    if handles:
+        ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("OR(all) forget of the method")
-    ax.set_ylabel("Δsel = OR(all) retain − baseline OR(all) retain")
-    ax.set_title("Selectivity: forget leak vs retain change")
-    ax.legend(fontsize="small")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("OR(all) forget (lower: less leaked)")
+    ax.set_ylabel("OR(all) retain (higher: retain knowledge kept)")
+    ax.set_title("Selectivity: forget leak against retain leak, per (substrate, method)")
+    fig.tight_layout()
     return fig
 
 
@@ -196,7 +212,7 @@ def plot_specs(comparison: Comparison) -> dict[str, tuple[pd.DataFrame, Callable
     budget, k_score = budget_frame(comparison), k_score_frame(comparison)
     return {
         "cer_by_substrate": (cer, lambda: cer_figure(cer)),
-        "selectivity": (selectivity, lambda: selectivity_figure(selectivity, comparison.config.d1_tolerance)),
+        "selectivity": (selectivity, lambda: selectivity_figure(selectivity)),
         "attacker_budget": (budget, lambda: budget_figure(budget)),
         "k_score": (k_score, lambda: k_score_figure(k_score)),
     }

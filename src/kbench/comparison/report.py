@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from kbench.comparison.analysis import Comparison
+from kbench.comparison.collect import OutOfDesign
 from kbench.comparison.tables import (
     MARKDOWN_COLUMNS,
     Table,
@@ -24,11 +25,14 @@ from kbench.comparison.tables import (
     leak_pattern_table,
     leaderboards,
     missing_baseline_table,
+    not_in_design_table,
+    reach_line,
     sensitivity_table,
     separation_table,
     shown_verdict,
     verdict_matrix,
 )
+from kbench.observer.verdicts import K_CLASSES
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,13 @@ class Provenance:
     tracking_uri: str
     cell_runs: int
     git_commit: str
+    #: The design the report compares (`Design.describe`), and its cells' corpus and model
+    #: fingerprints (None: no run of the design yet).
+    design: str = ""
+    corpus: str | None = None
+    model: str | None = None
+    #: Cell keys of the store with runs of other designs, left out of every number.
+    not_in_design: tuple[OutOfDesign, ...] = field(default_factory=tuple)
 
 
 _HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
@@ -68,10 +79,19 @@ img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 {% if table.note %}<p class="note">{{ table.note }}</p>{% endif %}
 {% endmacro %}
 <h1>K-Bench comparison</h1>
+<p class="{{ 'ok' if reach_complete else 'warning' }}"><b>{{ reach }}</b></p>
 <p>Experiment <b>{{ provenance.experiment }}</b> at <code>{{ provenance.tracking_uri }}</code>:
 {{ provenance.cell_runs }} finished cell runs (the latest run of each cell key), code commit
 <code>{{ provenance.git_commit }}</code>. Every run id below is an MLflow run of kind <code>cell</code>;
 its trace records are the artifact <code>output/traces.jsonl</code>.</p>
+{% if provenance.design %}<p>Design: {{ provenance.design }}; corpus fingerprint
+<code>{{ provenance.corpus or "—" }}</code>, model fingerprint <code>{{ provenance.model or "—" }}</code>.
+Only cell runs of this design are compared; Benjamini–Hochberg families are its tests alone.</p>{% endif %}
+
+<h2 id="not-in-design">Not in this design</h2>
+{% if not_in_design.rows %}<div class="warning"><p>{{ not_in_design.rows | length }} cell key(s) of this
+experiment have runs of another design; they are left out.</p>{{ render(not_in_design) }}</div>
+{% else %}<p class="ok">Every cell run of the experiment belongs to this design.</p>{% endif %}
 
 <h2 id="missing">Missing baselines</h2>
 {% if missing.rows %}<div class="warning"><p>{{ missing.rows | length }} row(s) have no finished
@@ -97,7 +117,10 @@ K-Score; invalid-baseline rows have no verdict. K = (1 − graded OR forget) · 
 {% for pair in leak_patterns %}{{ render(pair[0]) }}{{ render(pair[1]) }}{% endfor %}
 
 <h2 id="selectivity">Selectivity</h2>
-<img alt="forget OR against retain change" src="{{ images.selectivity }}">
+<p class="note">Each (substrate, method) row as a point: forget OR(all) on x, retain OR(all) on y; the
+<code>none</code> and <code>gold</code> points are labelled. A selective method sits left of its substrate's
+<code>none</code> point at the same height; a point below it also lost retain knowledge (collateral damage).</p>
+<img alt="forget OR against retain OR" src="{{ images.selectivity }}">
 
 <h2 id="controls">LoRA-D control</h2>
 {{ render(controls) }}
@@ -115,7 +138,10 @@ def _data_uri(png: Path) -> str:
 
 def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: Provenance) -> str:
     return _HTML.render(
+        reach=reach_line(comparison),
+        reach_complete=bool(comparison.tested) and comparison.reachable_classes == K_CLASSES,
         provenance=provenance,
+        not_in_design=not_in_design_table(provenance.not_in_design),
         missing=missing_baseline_table(comparison),
         leaderboards=leaderboards(comparison),
         matrix=verdict_matrix(comparison),
@@ -153,13 +179,18 @@ def markdown_table(table: Table) -> str:
 def render_markdown(comparison: Comparison, provenance: Provenance) -> str:
     parts = [
         "# K-Bench leaderboards\n",
+        f"**{reach_line(comparison)}**\n",
         f"Experiment `{provenance.experiment}`, {provenance.cell_runs} cell runs; the full report with "
         "every run id is `reports/index.html`.\n",
     ]
+    if provenance.design:
+        parts.append(f"Design: {provenance.design}.\n")
     parts += [markdown_table(t.select(MARKDOWN_COLUMNS)) for t in leaderboards(comparison)]
     parts.append(markdown_table(verdict_matrix(comparison)))
     if comparison.missing:
         parts.append(markdown_table(missing_baseline_table(comparison)))
+    if provenance.not_in_design:
+        parts.append(markdown_table(not_in_design_table(provenance.not_in_design)))
     return "\n".join(parts)
 
 
@@ -185,9 +216,14 @@ def metrics_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
-def comparison_json(comparison: Comparison) -> dict[str, Any]:
+def comparison_json(comparison: Comparison, provenance: Provenance | None = None) -> dict[str, Any]:
     """Everything behind the tables, machine-readable, with the run ids of every number."""
+    design = {} if provenance is None else {
+        "design": {"description": provenance.design, "corpus": provenance.corpus, "model": provenance.model},
+        "not_in_design": [vars(r) for r in provenance.not_in_design],
+    }
     return {
+        **design,
         "rows": [
             {
                 "key": vars(r.key),
@@ -199,6 +235,8 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
                 "p_retain": r.test_retain.p,
                 "p_adj_retain": r.p_adj_retain,
                 "pairs": r.test_forget.pairs,
+                "smallest_p_adj": r.smallest_p_adj,
+                "reachable_classes": list(r.reachable),
                 "forget": r.forget.to_json(),
                 "retain": r.retain.to_json(),
                 "by_budget": {b: v.to_json() for b, v in r.by_budget.items()},
@@ -222,16 +260,28 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
             {"key": vars(m.key), "expected": vars(m.expected), "run_ids": list(m.run_ids)}
             for m in comparison.missing
         ],
+        "reachable_classes": list(comparison.reachable_classes),
         "leak_patterns": [
             {
                 "base_model": p.base_model,
                 "tau": p.tau,
                 "hypothesis_holds": p.hypothesis_holds,
                 "no_leak": list(p.no_leak),
+                "excluded_invalid": list(p.excluded),
                 "pairs": [vars(pair) for pair in p.pairs],
                 "baselines": {
-                    s.key.substrate_label: {"shares": s.metrics.shares, "cer": s.metrics.cer, "run_ids": list(s.run_ids)}
+                    s.key.substrate_label: {
+                        "shares": s.metrics.shares, "cer": s.metrics.cer, "invalid": s.invalid,
+                        "run_ids": list(s.run_ids),
+                    }
                     for s in p.substrates
+                },
+                "recipes": {
+                    s.key.substrate_label: {
+                        "shares": s.metrics.shares, "cer": s.metrics.cer, "invalid": s.invalid,
+                        "tv_to_default": s.tv_to_default, "run_ids": list(s.run_ids),
+                    }
+                    for s in p.recipes
                 },
             }
             for p in comparison.leak_patterns

@@ -20,6 +20,7 @@ from kbench.comparison.analysis import (
     RowResult,
     SubstratePattern,
 )
+from kbench.comparison.collect import OutOfDesign
 from kbench.observer.format import (
     MISSING,
     fmt_flag,
@@ -31,7 +32,7 @@ from kbench.observer.format import (
 )
 from kbench.observer.metrics import CellMetrics
 from kbench.observer.statistics import tau_threshold
-from kbench.observer.verdicts import TC, UNSCORED_VERDICTS
+from kbench.observer.verdicts import K_CLASSES, TC, UNSCORED_VERDICTS
 
 @dataclass(frozen=True)
 class Table:
@@ -80,12 +81,13 @@ def _cer_cells(metrics: CellMetrics) -> list[str]:
 LEADERBOARD_COLUMNS = (
     "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
     "Δsel", "D1", "Degen forget", "Degen retain", "Δdegen", "p", "p_adj", "p_adj retain", "Pairs",
-    *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs", "Baseline runs",
+    "Smallest p_adj", "Reachable classes", *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs",
+    "Baseline runs",
 )
 #: The leaderboard columns leaderboard.md keeps (the README shows it; the HTML has them all).
 MARKDOWN_COLUMNS = (
     "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
-    "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Dominant", "Seeds",
+    "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Pairs", "Smallest p_adj", "Dominant", "Seeds",
 )
 
 
@@ -107,6 +109,8 @@ def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
         fmt_p(v.p_adj),
         fmt_p(result.p_adj_retain),
         str(result.test_forget.pairs),
+        MISSING if result.smallest_p_adj is None else fmt_p(result.smallest_p_adj),
+        ", ".join(result.reachable) or MISSING,
         *_cer_cells(result.forget),
         v.dominant_method or MISSING,
         ", ".join(map(str, result.seeds)),
@@ -126,10 +130,30 @@ def leaderboards(comparison: Comparison) -> list[Table]:
                 rows=tuple(_leaderboard_row(r) for r in leaderboard_order(group)),
                 note="OR, CER and degeneration pool the seeds listed; CER is on the forget split. "
                 "p: paired McNemar against the baseline on forget; p_adj: Benjamini–Hochberg within "
-                "the forget (p_adj retain: retain) family of every method row in this report.",
+                "the forget (p_adj retain: retain) family of every method row in this report. "
+                "Smallest p_adj: the least the row could reach with its pairs (every pair discordant, "
+                "all one way, and every other test of the family at its own least); reachable "
+                "classes: the K-classes that bound allows.",
             )
         )
     return tables
+
+
+def reach_line(comparison: Comparison) -> str:
+    """The report's opening line: which K-classes the run can reach at all with its pairs."""
+    tested = comparison.tested
+    if not tested:
+        return "Reachable verdict classes: none yet, since no method row has a baseline to be tested against."
+    reachable = comparison.reachable_classes
+    out = [c for c in K_CLASSES if c not in reachable]
+    most = max(tested, key=lambda r: (r.test_forget.pairs, -(r.smallest_p_adj or 1.0)))
+    line = f"Reachable verdict classes in this run: {', '.join(reachable)}."
+    if out:
+        line += (
+            f" Out of reach at this sample size: {', '.join(out)} (the largest forget test has "
+            f"{most.test_forget.pairs} pairs, so no p_adj can fall below {fmt_p(most.smallest_p_adj or 1.0)})."
+        )
+    return line
 
 
 def verdict_matrix(comparison: Comparison) -> Table:
@@ -193,30 +217,54 @@ def budget_verdict_table(comparison: Comparison) -> Table:
 
 def _seed_tv(pattern: SubstratePattern) -> str:
     """Mean TV between the baseline's per-seed share vectors (τ's ingredient for this substrate)."""
-    mean = tau_threshold({pattern.key.substrate_label: pattern.seed_shares}, 1.0)
-    return fmt_rate(mean)
+    if len(pattern.seed_shares) < 2:
+        return "one seed leaked: undefined" if pattern.seed_shares else "no seed leaked: undefined"
+    return fmt_rate(tau_threshold({pattern.key.substrate_label: pattern.seed_shares}, 1.0))
+
+
+def _pattern_row(s: SubstratePattern) -> tuple[str, ...]:
+    if s.is_recipe:
+        line, check = f"recipe {s.key.recipe} of {s.key.substrate}", fmt_rate(s.tv_to_default)
+        status = ("invalid" if s.invalid else "valid") + " recipe: not a TV substrate"
+    else:
+        line, check = "substrate", ""
+        status = "invalid: excluded from TV and τ" if s.invalid else "valid"
+    return (
+        s.key.substrate_label,
+        line,
+        *_cer_cells(s.metrics),
+        fmt_rate(s.metrics.or_all),
+        ", ".join(f"{c} {fmt_rate(v)}" for c, v in (s.metrics.shares or {}).items() if v) or MISSING,
+        _seed_tv(s),
+        check,
+        status,
+        fmt_runs(s.run_ids),
+    )
 
 
 def leak_pattern_table(patterns: LeakPatterns) -> Table:
-    rows = tuple(
-        (
-            s.key.substrate_label,
-            *_cer_cells(s.metrics),
-            fmt_rate(s.metrics.or_all),
-            ", ".join(f"{c} {fmt_rate(v)}" for c, v in (s.metrics.shares or {}).items() if v) or MISSING,
-            _seed_tv(s),
-            "invalid" if s.invalid else "valid",
-            fmt_runs(s.run_ids),
-        )
-        for s in patterns.substrates
-    )
+    """The substrates' baselines, then each variant recipe's baseline as a recipe line."""
+    rows = tuple(_pattern_row(s) for s in (*patterns.substrates, *patterns.recipes))
     return Table(
         title=f"Baseline leak pattern · {patterns.base_model}",
-        columns=("Substrate", *(f"CER {c}" for c in CHANNELS), "OR(all)", "Shares", "Between-seed TV", "Baseline", "Runs"),
+        columns=(
+            "Substrate", "Line", *(f"CER {c}" for c in CHANNELS), "OR(all)", "Shares", "Between-seed TV",
+            "TV to default recipe", "Baseline", "Runs",
+        ),
         rows=rows,
-        note="The `none` method on the forget split, seeds pooled; between-seed TV: mean TV between "
-        "the share vectors of different seeds (needs two seeds that leaked).",
+        note="The `none` method on the forget split, seeds pooled. The substrates are P (its default "
+        "recipe, the LoRA adapter), C, R-text and R-struct; a variant recipe (P merged) is a line of "
+        "its own, not a substrate: its TV to the default recipe is a consistency check (near 0 when "
+        "the recipes store the secret alike). Between-seed TV: mean TV between the share vectors of "
+        "different seeds (needs two seeds that leaked).",
     )
+
+
+def _tau_words(patterns: LeakPatterns) -> str:
+    """Why τ is undefined, in words."""
+    if patterns.seeds < 2:
+        return "undefined: τ needs two seeds and this run has one"
+    return "undefined: no valid substrate baseline leaked in two seeds"
 
 
 def separation_table(patterns: LeakPatterns, tau_factor: float) -> Table:
@@ -226,20 +274,27 @@ def separation_table(patterns: LeakPatterns, tau_factor: float) -> Table:
             pair.first,
             pair.second,
             fmt_rate(pair.tv),
-            fmt_rate(tau),
-            fmt_flag(None if tau is None else pair.separated),
+            _tau_words(patterns) if tau is None else fmt_rate(tau),
+            "not judged (no τ)" if tau is None else fmt_flag(pair.separated),
             "exempt" if pair.exempt else "",
         )
         for pair in patterns.pairs
     )
     notes = [
-        f"τ = {tau_factor:g} × the largest between-seed TV of a baseline"
-        + ("" if tau is not None else ": undefined here, since no substrate has two seeds that leaked")
+        f"τ = {tau_factor:g} × the largest between-seed TV of a valid substrate baseline"
+        + ("" if tau is not None else f"; {_tau_words(patterns)}")
         + ". Hypothesis (SPEC §9): every non-exempt pair has TV > τ; "
         + {True: "it holds.", False: "it does not hold.", None: "not judged."}[patterns.hypothesis_holds]
     ]
+    if patterns.excluded:
+        notes.append(f"Excluded, the baseline fails a validity gate: {', '.join(patterns.excluded)}.")
     if patterns.no_leak:
         notes.append(f"No leak at all, so no share vector: {', '.join(patterns.no_leak)}.")
+    if patterns.recipes:
+        notes.append(
+            "Variant recipes are no substrates here: "
+            + ", ".join(s.key.substrate_label for s in patterns.recipes) + " (see the leak-pattern table)."
+        )
     return Table(
         title=f"Substrate separation · {patterns.base_model}",
         columns=("Substrate A", "Substrate B", "TV", "τ", "TV > τ", "Exempt"),
@@ -306,4 +361,17 @@ def missing_baseline_table(comparison: Comparison) -> Table:
         columns=("Row", "Needs baseline", "Runs of the row"),
         rows=tuple((str(m.key), str(m.expected), fmt_runs(m.run_ids)) for m in comparison.missing),
         note="These rows have no verdict until a finished run of the baseline cell exists.",
+    )
+
+
+def not_in_design_table(runs: Sequence[OutOfDesign]) -> Table:
+    """The store's cell keys whose runs belong to another design (left out of every number)."""
+    return Table(
+        title="Not in this design",
+        columns=("Cell key", "Why", "Latest such run"),
+        rows=tuple((r.key, r.reason, r.run_id) for r in runs),
+        note="Cell runs in the same MLflow experiment made under other params (another base model, "
+        "cell list, n, corpus, model or agent settings), or before cells carried design tags. They "
+        "take part in no table, test or Benjamini–Hochberg family of this report; `kbench compare "
+        "--params FILE` builds the report of their design.",
     )

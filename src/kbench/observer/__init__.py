@@ -1,5 +1,6 @@
 """The observer: the six channels of a trace record, the field-aware matcher, cell metrics,
-the paired statistics and the verdict rules (SPEC §6-§10), plus the published-harness import.
+the paired statistics, what they can detect (power) and the verdict rules (SPEC §6-§10), plus
+the published-harness import.
 
 Scoring is pure: functions of trace records (and the `scoring` params), no model, no I/O.
 Every name below is importable from `kbench.observer` directly.
@@ -17,6 +18,16 @@ from kbench.observer.metrics import (
     score_queries,
     score_records,
 )
+from kbench.observer.power import (
+    PairedDesign,
+    PowerError,
+    exact_power,
+    n_per_seed_needed,
+    pairs_needed,
+    simulated_power,
+    smallest_p,
+    smallest_p_adjusted,
+)
 from kbench.observer.published import CellLabels, PublishedFormatError, convert_record, import_published
 from kbench.observer.statistics import (
     McNemarResult,
@@ -29,6 +40,7 @@ from kbench.observer.statistics import (
     tv_distance,
 )
 from kbench.observer.verdicts import (
+    K_CLASSES,
     UNSCORED_VERDICTS,
     VERDICTS,
     CellQuartet,
@@ -36,12 +48,15 @@ from kbench.observer.verdicts import (
     compare_cells,
     decide_verdict,
     dominant_channel,
+    leak_migrated,
+    reachable_classes,
     verdicts_by_budget,
 )
 
 __all__ = [
     "ATTACKER_BUDGETS",
     "CHANNELS",
+    "K_CLASSES",
     "UNSCORED_VERDICTS",
     "VERDICTS",
     "CellLabels",
@@ -50,6 +65,8 @@ __all__ = [
     "Interval",
     "Match",
     "McNemarResult",
+    "PairedDesign",
+    "PowerError",
     "PublishedFormatError",
     "ScoredQueries",
     "VerdictResult",
@@ -65,12 +82,20 @@ __all__ = [
     "degeneration_triggers",
     "dominant_channel",
     "eta_squared",
+    "exact_power",
     "import_published",
     "is_degenerate",
+    "leak_migrated",
     "match",
+    "n_per_seed_needed",
     "paired_mcnemar",
+    "pairs_needed",
+    "reachable_classes",
     "score_queries",
     "score_records",
+    "simulated_power",
+    "smallest_p",
+    "smallest_p_adjusted",
     "substrate_separation",
     "target",
     "tau_threshold",

@@ -18,13 +18,22 @@ from pathlib import Path
 from kbench import io, tracking
 from kbench.agent import run_cell, setup_cell
 from kbench.cli.app import add_command
-from kbench.config import Params
+from kbench.config import ModelConfig, Params
 from kbench.corpus import load_corpus
-from kbench.design import load_design
+from kbench.design import design_digest, load_design
 from kbench.methods import method_class
-from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, MERGED, P_RECIPES, PARAMETRIC, RECIPES
+from kbench.names import (
+    ADAPTER_FREE,
+    BASELINE_METHOD,
+    CONTROL,
+    HF_BACKEND,
+    MERGED,
+    P_RECIPES,
+    PARAMETRIC,
+    RECIPES,
+)
 from kbench.observer.metrics import score_records
-from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapter
+from kbench.parametric import agent_model_config, base_fingerprint, cell_adapter, check_cell_adapter
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
@@ -130,6 +139,30 @@ def _prepare_output(out_dir: Path, inputs: dict) -> None:
     io.write_json(inputs_path, inputs, default=str)
 
 
+def model_fingerprint(model: ModelConfig) -> str:
+    """Identity of the weights a cell's agent runs on (before any injection): the fingerprint
+    of the model folder for the local backend, the served model's name for an endpoint."""
+    if model.backend == HF_BACKEND:
+        return base_fingerprint(model.path)
+    return f"{model.backend}:{model.name}"
+
+
+def cell_tags(params: Params, spec: CellSpec, corpus_fingerprint: str, model: str) -> dict[str, str]:
+    """The tags of a cell run (docs/tracking.md): its key's parts, and what makes it part of
+    the design of `params` (`kbench.design.Design.excludes` reads them back)."""
+    return {
+        tracking.TAG_BASE_MODEL: params.base_model,
+        tracking.TAG_SUBSTRATE: spec.substrate,
+        tracking.TAG_RECIPE: spec.recipe,
+        tracking.TAG_METHOD: spec.method,
+        tracking.TAG_SEED: str(spec.seed),
+        tracking.TAG_CORPUS: corpus_fingerprint,
+        tracking.TAG_DESIGN: design_digest(params),
+        tracking.TAG_N_PER_SPLIT: str(params.queries.n_per_split),
+        tracking.TAG_MODEL: model,
+    }
+
+
 def score_cell(records: list[TraceRecord], params: Params, seed: int) -> dict[str, dict]:
     """The observer's metrics per split, as `kbench score --json` prints them."""
     return {
@@ -190,14 +223,7 @@ def run_cell_stage(
     metrics = score_cell(records, params, spec.seed)
     io.write_json(out_dir / METRICS_FILE, metrics)
 
-    tags = {
-        tracking.TAG_BASE_MODEL: params.base_model,
-        tracking.TAG_SUBSTRATE: spec.substrate,
-        tracking.TAG_RECIPE: spec.recipe,
-        tracking.TAG_METHOD: spec.method,
-        tracking.TAG_SEED: str(spec.seed),
-        tracking.TAG_CORPUS: corpus.fingerprint(),
-    }
+    tags = cell_tags(params, spec, corpus.fingerprint(), model_fingerprint(model))
     log.info(
         "cell %s: OR(all) forget %.3f retain %.3f, degeneration forget %.3f",
         spec.cell_id, metrics[FORGET]["or_all"], metrics[RETAIN]["or_all"], metrics[FORGET]["degeneration"],

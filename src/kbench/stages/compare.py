@@ -20,7 +20,7 @@ from kbench.comparison.report import (
     render_markdown,
 )
 from kbench.config import Params
-from kbench.design import load_design
+from kbench.design import Design, load_design
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class CompareResult:
     run_id: str
     comparison: Comparison
     cell_runs: int
+    #: Cell keys of the experiment whose runs belong to other designs.
+    not_in_design: int = 0
 
 
 def _warn_missing(comparison: Comparison) -> None:
@@ -58,17 +60,23 @@ def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance)
     io.write_text(out_dir / HTML_FILE, render_html(comparison, images, provenance))
     io.write_text(out_dir / MARKDOWN_FILE, render_markdown(comparison, provenance))
     io.write_json(out_dir / METRICS_FILE, metrics_json(comparison), allow_nan=False)
-    io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison), allow_nan=False)
+    io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison, provenance), allow_nan=False)
 
 
 def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareResult:
-    """Sync cell outputs, read every finished cell run, write the reports, log the `compare` run."""
+    """Sync cell outputs, read the finished cell runs of the params' design, write the
+    reports, log the `compare` run."""
     synced = tracking.sync_outputs(params, [tracking.repo_root() / CELL_OUTPUT_ROOT])
     log.info("%d stage outputs under %s are in MLflow", len(synced), CELL_OUTPUT_ROOT)
     experiment_id = tracking.open_experiment(params)
-    cells = collect_cells(experiment_id)
+    design = Design.of(params)
+    cells, selection = collect_cells(experiment_id, design)
     if not cells:
-        log.warning("experiment %r has no finished cell runs: the report is empty", params.tracking.experiment)
+        log.warning("experiment %r has no finished cell runs of this design: the report is empty",
+                    params.tracking.experiment)
+    if selection.others:
+        log.info("%d cell key(s) of the experiment have runs of another design; they are left out",
+                 len(selection.others))
     comparison = compare(cells, params.scoring)
     _warn_missing(comparison)
     provenance = Provenance(
@@ -76,6 +84,10 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
         tracking_uri=tracking.tracking_uri(params),
         cell_runs=len(cells),
         git_commit=tracking.git_commit(),
+        design=design.describe(),
+        corpus=selection.corpus,
+        model=selection.model,
+        not_in_design=selection.others,
     )
     write_reports(comparison, out_dir, provenance)
     counts = metrics_json(comparison)
@@ -84,12 +96,14 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
         "rows_compared": counts["rows_compared"],
         "verdict_flips_a1_a5": counts["verdict_flips_a1_a5"],
         "missing_baselines": counts["missing_baselines"],
+        "not_in_design": len(selection.others),
         **{f"tau.{model}": tau for model, tau in counts["tau"].items() if tau is not None},
     }
     run_id = tracking.record_output(params, out_dir, tracking.KIND_COMPARE, params.tracking.experiment,
-                                    tags={}, metrics=summary)
+                                    tags={tracking.TAG_DESIGN: design.digest}, metrics=summary)
     log.info("comparison of %d cell runs in %s, MLflow run %s", len(cells), out_dir / HTML_FILE, run_id)
-    return CompareResult(out_dir=out_dir, run_id=run_id, comparison=comparison, cell_runs=len(cells))
+    return CompareResult(out_dir=out_dir, run_id=run_id, comparison=comparison, cell_runs=len(cells),
+                         not_in_design=len(selection.others))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -100,7 +114,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = result.comparison
     print(
         f"{result.out_dir / HTML_FILE}: {len(comparison.rows)} rows from {result.cell_runs} cell runs, "
-        f"{len(comparison.missing)} without a baseline; MLflow run {result.run_id}"
+        f"{len(comparison.missing)} without a baseline, {result.not_in_design} cell key(s) of other designs "
+        f"left out; MLflow run {result.run_id}"
     )
     return 0
 
@@ -110,3 +125,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                     "the cell runs in MLflow", track=False)
     p.add_argument("--out", default=str(REPORTS_DIR), help="output folder (default: %(default)s)")
     p.add_argument("--experiment", help="MLflow experiment to read (default: tracking.experiment in params)")
+    # SUPPRESS: without the option here, `kbench --params FILE compare` keeps its global value.
+    p.add_argument("--params", default=argparse.SUPPRESS,
+                   help="params file of the design to report (default: the global --params, params.yaml)")
