@@ -411,6 +411,7 @@ def _missing(rows: dict[RowKey, Row]) -> list[MissingBaseline]:
 
 
 def _pattern(row: Row, result: RowResult, config: ScoringConfig, default: SubstratePattern | None) -> SubstratePattern:
+    """One baseline's leak-pattern entry; `default`: for a recipe line, its substrate's entry."""
     seed_shares = tuple(
         shares for cells in row.by_seed.values() if (shares := cell_metrics(cells[FORGET], config).shares) is not None
     )
