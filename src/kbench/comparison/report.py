@@ -29,6 +29,22 @@ from kbench.comparison.tables import (
     shown_verdict,
     verdict_matrix,
 )
+from kbench.observer.format import MISSING
+
+
+def rules_line(comparison: Comparison) -> str:
+    """Which matcher rule scored the report and which answer rule parsed its traces."""
+    rules = comparison.answer_rules
+    parsed = ", ".join(MISSING if rule is None else rule for rule in rules) or MISSING
+    if len(rules) > 1:
+        parsed += " (mixed: the cells were not parsed alike)"
+    if None in rules:
+        parsed += f" ({MISSING}: traces that do not record it)"
+    return (
+        f"Scoring rule {comparison.config.rule} (scoring.rule; the η² table also scores every other "
+        f"registered rule). Answer rule of the ReAct parser in these cells: {parsed} "
+        "(agent.answer_rule, docs/agent.md)."
+    )
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 {{ provenance.cell_runs }} finished cell runs (the latest run of each cell key), code commit
 <code>{{ provenance.git_commit }}</code>. Every run id below is an MLflow run of kind <code>cell</code>;
 its trace records are the artifact <code>output/traces.jsonl</code>.</p>
+<p>{{ rules }}</p>
 
 <h2 id="missing">Missing baselines</h2>
 {% if missing.rows %}<div class="warning"><p>{{ missing.rows | length }} row(s) have no finished
@@ -116,6 +133,7 @@ def _data_uri(png: Path) -> str:
 def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: Provenance) -> str:
     return _HTML.render(
         provenance=provenance,
+        rules=rules_line(comparison),
         missing=missing_baseline_table(comparison),
         leaderboards=leaderboards(comparison),
         matrix=verdict_matrix(comparison),
@@ -155,6 +173,7 @@ def render_markdown(comparison: Comparison, provenance: Provenance) -> str:
         "# K-Bench leaderboards\n",
         f"Experiment `{provenance.experiment}`, {provenance.cell_runs} cell runs; the full report with "
         "every run id is `reports/index.html`.\n",
+        rules_line(comparison) + "\n",
     ]
     parts += [markdown_table(t.select(MARKDOWN_COLUMNS)) for t in leaderboards(comparison)]
     parts.append(markdown_table(verdict_matrix(comparison)))
@@ -236,8 +255,11 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
             }
             for p in comparison.leak_patterns
         ],
+        "scoring_rule": comparison.config.rule,
+        "answer_rules": list(comparison.answer_rules),
         "sensitivity": {
             "observations": comparison.sensitivity.observations,
+            "scoring_rules": list(comparison.sensitivity.scoring_rules),
             "eta_squared": {e.factor: e.eta_squared for e in comparison.sensitivity.effects},
             "levels": {e.factor: e.levels for e in comparison.sensitivity.effects},
         },
