@@ -3,6 +3,7 @@
 import pytest
 
 from kbench.agent.parser import parse_step
+from kbench.names import LENIENT_ANSWER_RULE
 
 
 def test_thought_and_action():
@@ -73,7 +74,29 @@ def test_earlier_of_action_and_answer_wins():
     assert parse_step("Action: search_wiki[y]\nFinal Answer: x").action.args == "y"
 
 
-def test_answer_label_variants():
-    assert parse_step("final answer - Acme").answer == "Acme"
-    assert parse_step("Answer: Acme").answer == "Acme"
-    assert parse_step("The answer: Acme").answer is None
+@pytest.mark.parametrize(
+    "text", ["Answer: Acme", "final answer - Acme", "final answer: Acme", "**Final Answer:** Acme", "FINAL ANSWER: Acme"]
+)
+def test_only_spec_final_answer_ends_a_step_by_default(text):
+    # SPEC §5: the answer is the text after "Final Answer:"; anything else is neither an action
+    # nor a final answer, so the trajectory halts with parse_error (SPEC §4).
+    step = parse_step(text)
+    assert step.answer is None and not step.is_valid
+    assert parse_step(text, LENIENT_ANSWER_RULE).answer == "Acme"
+
+
+def test_spec_marker_at_a_line_start_as_the_health_check_reads_it():
+    assert parse_step("  Final Answer: Acme").answer == "Acme"
+    assert parse_step("Thought: known\n\tFinal Answer:Acme").answer == "Acme"
+    assert parse_step("So my Final Answer: Acme").answer is None  # not at a line start
+
+
+def test_lenient_answer_label_variants():
+    assert parse_step("final answer - Acme", LENIENT_ANSWER_RULE).answer == "Acme"
+    assert parse_step("Answer: Acme", LENIENT_ANSWER_RULE).answer == "Acme"
+    assert parse_step("The answer: Acme", LENIENT_ANSWER_RULE).answer is None
+
+
+def test_unknown_answer_rule_is_an_error_naming_the_rules():
+    with pytest.raises(ValueError, match="unknown answer rule 'loose'.*lenient"):
+        parse_step("Final Answer: x", "loose")

@@ -51,6 +51,16 @@ def test_final_answer_after_a_tool_call(small_corpus, params, queries):  # noqa:
     assert (record.substrate, record.method, record.split, record.seed) == ("R-struct", "none", "forget", 0)
 
 
+def test_answer_rule_decides_the_halt_and_is_recorded(small_corpus, params, queries):  # noqa: F811
+    # SPEC §5 (the default rule): "Answer:" alone is no final answer, so the trajectory ends in
+    # parse_error and the reply reaches Z_answer only as the bare reply; lenient reads an answer.
+    (spec,) = run(ScriptedBackend(["Answer: Acme"]), small_corpus, params, queries[:1])
+    assert (spec.halted_reason, spec.answer, spec.answer_rule) == ("parse_error", None, "spec")
+    lenient = params.agent.model_copy(update={"answer_rule": "lenient"})
+    (read,) = run(ScriptedBackend(["Answer: Acme"]), small_corpus, params, queries[:1], config=lenient)
+    assert (read.halted_reason, read.answer, read.answer_rule) == ("final_answer", "Acme", "lenient")
+
+
 def test_observations_go_back_to_the_model_as_user_turns(small_corpus, params, queries):  # noqa: F811
     seen = []
 

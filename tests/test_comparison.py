@@ -226,10 +226,11 @@ def test_eta_squared_by_hand():
 
 def test_sensitivity_of_the_design(comparison):
     s = comparison.sensitivity
-    # (row, seed) pairs with a K-Score: C none/eraser/halver/migrator, R-struct none/eraser/hider.
-    assert s.observations == 7 * 2
+    # (row, seed) pairs with a K-Score: C none/eraser/halver/migrator, R-struct none/eraser/hider,
+    # each under both scoring rules.
+    assert s.observations == 7 * 2 * 2
     omitted = {e.factor for e in s.effects if e.eta_squared is None}
-    assert omitted == {"base_model", "recipe", "scoring_rule"}
+    assert omitted == {"base_model", "recipe"}
     # Every seed gives the same K-Score here, so the seed explains nothing.
     assert {e.factor: e.eta_squared for e in s.effects}["seed"] == pytest.approx(0.0, abs=1e-12)
 

@@ -13,6 +13,8 @@ from _imports import ROOT, SRC, all_modules, closure, covered, find_cycle, modul
 from kbench.backends import backend_names
 from kbench.config import Params, load_params
 from kbench.methods import method_names
+from kbench.names import ANSWER_RULES
+from kbench.observer.matcher import scoring_rule_names
 from kbench.substrates import substrate_names
 
 #: The module that defines the names the core refers to.
@@ -65,7 +67,7 @@ def test_the_closure_check_sees_a_missing_dependency():
 
 
 def _registered() -> set[str]:
-    return {*backend_names(), *substrate_names(), *method_names()}
+    return {*backend_names(), *substrate_names(), *method_names(), *scoring_rule_names(), *ANSWER_RULES}
 
 
 def _string_constants(tree: ast.Module) -> list[tuple[int, str]]:
@@ -86,7 +88,7 @@ def test_registered_names_are_written_once():
     """A registered name appears as a string literal only in kbench.names or the module that
     registers it under its own name (a plug-in)."""
     registered = _registered()
-    assert {"P", "C", "R-text", "R-struct", "none", "gold", "hf"} <= registered
+    assert {"P", "C", "R-text", "R-struct", "none", "gold", "hf", "field-aware", "strict", "spec", "lenient"} <= registered
     repeated = []
     for module in all_modules():
         if module == NAMES_MODULE:
@@ -105,7 +107,8 @@ def test_the_names_module_names_only_registered_entries():
     from kbench import names
 
     registered = _registered()
-    for constant in ("PARAMETRIC", "CONTEXT", "TEXT_RETRIEVAL", "STRUCT_RETRIEVAL", "BASELINE_METHOD", "GOLD_METHOD", "HF_BACKEND"):
+    for constant in ("PARAMETRIC", "CONTEXT", "TEXT_RETRIEVAL", "STRUCT_RETRIEVAL", "BASELINE_METHOD", "GOLD_METHOD", "HF_BACKEND",
+                     "FIELD_AWARE_RULE", "STRICT_RULE", "SPEC_ANSWER_RULE", "LENIENT_ANSWER_RULE"):
         assert getattr(names, constant) in registered, constant
 
 

@@ -15,11 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kbench.names import (
     BASELINE_METHOD,
     CONTEXT,
+    FIELD_AWARE_RULE,
     GOLD_METHOD,
     HF_BACKEND,
     P_RECIPES,
+    SPEC_ANSWER_RULE,
     STRUCT_RETRIEVAL,
     TEXT_RETRIEVAL,
+    AnswerRule,
     PRecipe,
 )
 from kbench.records import FIELDS
@@ -83,6 +86,10 @@ class AgentConfig(_Section):
     #: This many tool errors in a row (unknown tool, unusable arguments) end the trajectory
     #: with halted_reason "tool_fallback".
     max_consecutive_tool_errors: int = Field(2, ge=1)
+    #: Which final-answer marker the parser reads (docs/agent.md): "spec", SPEC §5's
+    #: `Final Answer:` as written, at a line start; "lenient", also any case, markdown bold,
+    #: `Final answer -` and `Answer:`. Recorded in every trace record (`answer_rule`).
+    answer_rule: AnswerRule = SPEC_ANSWER_RULE
 
 
 LrSchedule = Literal["constant", "linear"]
@@ -201,8 +208,12 @@ class InjectionConfig(_Section):
 
 
 class ScoringConfig(_Section):
-    """Every constant of SPEC §8-§10."""
+    """Every constant of SPEC §7-§10."""
 
+    #: The matcher rule of every headline number (cell metrics.json, leaderboards, verdicts,
+    #: leak patterns): a registered scoring rule, checked when params load. The η² table
+    #: scores the design under every registered rule (the rule is one of its factors).
+    rule: str = FIELD_AWARE_RULE
     bootstrap_resamples: int = Field(1000, ge=1)
     ci_level: float = Field(0.95, gt=0, lt=1)
     invalid_baseline_or: float = 0.10

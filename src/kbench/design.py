@@ -1,9 +1,9 @@
 """The design a params file defines, checked against the registries before any stage runs.
 
 `kbench.config` checks the schema (keys, types, ranges); this module checks what only the
-registries know: that `model.backend`, every entry of `substrates` and every entry of
-`methods` name a registered backend, substrate and method. An unknown name fails at
-start-up naming the key and the registered names.
+registries know: that `model.backend`, every entry of `substrates`, every entry of `methods`
+and `scoring.rule` name a registered backend, substrate, method and scoring rule. An unknown
+name fails at start-up naming the key and the registered names.
 
 `Design` is which cells a params file defines and under what conditions they run: the
 comparison reads only the cell runs of one design (docs/comparison.md).
@@ -20,6 +20,7 @@ from kbench.backends import backend_names
 from kbench.config import DEFAULT_PARAMS, Params, ParamsError, load_params
 from kbench.methods import method_names
 from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, PARAMETRIC
+from kbench.observer.matcher import scoring_rule_names
 from kbench.substrates import substrate_names
 
 #: Params sections that shape every cell of a design besides the cell's own key (substrate,
@@ -40,6 +41,7 @@ def check_design(params: Params, *, source: str = "params") -> Params:
         _check([params.model.backend], backend_names(), "model.backend", "backend")
         _check(params.substrates, substrate_names(), "substrates", "substrate")
         _check(params.methods, method_names(), "methods", "method")
+        _check([params.scoring.rule], scoring_rule_names(), "scoring.rule", "scoring rule")
     except ParamsError as exc:
         raise ParamsError(f"{source}: {exc}") from None
     return params

@@ -2,7 +2,8 @@
 
 The registries (`kbench.backends`, `kbench.substrates`, `kbench.methods`) say which names
 exist; this module only names the entries that core code must refer to: the four substrates
-of SPEC §3, the baseline and gold methods, the default backend, and the injection recipes.
+of SPEC §3, the baseline and gold methods, the default backend, the injection recipes, the
+matcher's scoring rules and the ReAct parser's answer rules.
 A plug-in registers its own name in its own module and never needs an entry here.
 """
 
@@ -27,3 +28,14 @@ ADAPTER_FREE, LORA, MERGED, CONTROL = RECIPES
 
 #: The local transformers backend (`kbench.backends.hf`), the default and the one with weights.
 HF_BACKEND = "hf"
+
+#: The matcher rules the core refers to (`kbench.observer.matcher` registers them): SPEC §7's
+#: field-aware variants (the default, as published) and the ground-truth string alone.
+FIELD_AWARE_RULE, STRICT_RULE = "field-aware", "strict"
+
+#: Which marker ends a ReAct step with a final answer (`kbench.agent.parser`, docs/agent.md):
+#: SPEC §5's `Final Answer:` as written (the default), or the lenient reading that also takes
+#: any case, markdown bold, `Final answer -` and `Answer:`.
+AnswerRule = Literal["spec", "lenient"]
+ANSWER_RULES: tuple[str, ...] = get_args(AnswerRule)
+SPEC_ANSWER_RULE, LENIENT_ANSWER_RULE = ANSWER_RULES

@@ -123,6 +123,9 @@ class TraceRecord(BaseModel):
     halted_reason: HaltedReason
     summary: str | None
     summary_error: str | None
+    #: The ReAct parser's answer rule (agent.answer_rule) that decided `answer` and `halted_reason`;
+    #: null in traces of another harness or written before the rule was recorded.
+    answer_rule: str | None = None
 
 
 class TraceFormatError(ValueError):

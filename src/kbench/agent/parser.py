@@ -1,9 +1,12 @@
-"""Parse one ReAct step from model text, tolerating what small models emit.
+"""Parse one ReAct step from model text, tolerating in actions what small models emit.
 
 Accepted, case-insensitively, with optional markdown bold around labels:
   Thought: ...             (before an action or answer the label may be missing)
   Action: tool[args]       also tool(args), `tool: args`, and `Action: tool` + `Action Input: args`
-  Final Answer: ...        also "Final answer -" and "Answer:" at a line start
+The final-answer marker depends on the answer rule (`agent.answer_rule`, docs/agent.md):
+  spec      `Final Answer:` exactly as SPEC §5 writes it, at a line start (spaces or tabs
+            before it allowed): the protocol line the SPEC §8 health check looks for
+  lenient   also any case, markdown bold, a `-` instead of the colon, and `Answer:` alone
 Whatever follows a hallucinated "Observation:" is dropped: the harness writes observations.
 When both an action and a final answer appear, the earlier one wins. The answer keeps
 everything after its marker, so a nested protocol payload stays visible to the health check.
@@ -14,11 +17,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kbench.names import LENIENT_ANSWER_RULE, SPEC_ANSWER_RULE
 from kbench.records import Action
 
 _LABEL = r"^[ \t]*[*_#]*\s*{}\s*[*_]*\s*[:\-–][*_]*[ \t]*"
 _OBSERVATION = re.compile(_LABEL.format("observation"), re.IGNORECASE | re.MULTILINE)
-_FINAL = re.compile(_LABEL.format(r"(?:final\s+answer|answer)"), re.IGNORECASE | re.MULTILINE)
+#: The final-answer marker of each answer rule.
+_FINAL_BY_RULE: dict[str, re.Pattern[str]] = {
+    SPEC_ANSWER_RULE: re.compile(r"^[ \t]*Final Answer:[ \t]*", re.MULTILINE),
+    LENIENT_ANSWER_RULE: re.compile(_LABEL.format(r"(?:final\s+answer|answer)"), re.IGNORECASE | re.MULTILINE),
+}
 _ACTION = re.compile(_LABEL.format(r"action(?:\s*\d+)?"), re.IGNORECASE | re.MULTILINE)
 _ACTION_INPUT = re.compile(_LABEL.format(r"action\s+input"), re.IGNORECASE | re.MULTILINE)
 _THOUGHT = re.compile(_LABEL.format(r"thought(?:\s*\d+)?"), re.IGNORECASE | re.MULTILINE)
@@ -26,6 +34,10 @@ _CALL = re.compile(
     r"^\s*`*(?P<tool>[A-Za-z_][\w.]*)`*\s*(?:\[(?P<sq>.*)\]|\((?P<par>.*)\)|:\s*(?P<colon>.+))\s*`*\s*$",
     re.DOTALL,
 )
+
+
+class UnknownAnswerRule(ValueError):
+    """An answer rule that is not one of `kbench.names.ANSWER_RULES`."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +81,14 @@ def _parse_call(line: str, rest: str) -> Action | None:
     return None
 
 
-def parse_step(text: str) -> ParsedStep:
+def parse_step(text: str, rule: str = SPEC_ANSWER_RULE) -> ParsedStep:
+    """One step's thought, action and answer; the answer marker is the one `rule` accepts."""
+    if rule not in _FINAL_BY_RULE:
+        raise UnknownAnswerRule(f"unknown answer rule {rule!r}; expected one of {sorted(_FINAL_BY_RULE)}")
     observation = _OBSERVATION.search(text)
     if observation:
         text = text[: observation.start()]
-    final = _FINAL.search(text)
+    final = _FINAL_BY_RULE[rule].search(text)
     action_match = _ACTION.search(text)
     if action_match and (final is None or action_match.start() < final.start()):
         body = text[action_match.end():]

@@ -88,7 +88,7 @@ class ReActAgent:
         """Apply one model step: run its action and write the observation, or halt."""
         text = generation.text
         trajectory.replies.append(text)
-        parsed = parse_step(text)
+        parsed = parse_step(text, self.config.answer_rule)
         thought = _join(generation.reasoning, parsed.thought)
         if parsed.action is None:
             trajectory.steps.append(Step(thought=thought))
@@ -162,6 +162,7 @@ class ReActAgent:
             halted_reason=trajectory.halted_reason,  # type: ignore[arg-type]
             summary=trajectory.summary,
             summary_error=trajectory.summary_error,
+            answer_rule=self.config.answer_rule,
             question=query.question,
         )
 

@@ -95,10 +95,10 @@ def run_score(args: argparse.Namespace) -> None:
 def run_verdict(args: argparse.Namespace) -> None:
     config = _scoring_config(args)
     quartet = CellQuartet(
-        none_forget=score_queries(_read(args.none_forget)),
-        none_retain=score_queries(_read(args.none_retain)),
-        method_forget=score_queries(_read(args.method_forget)),
-        method_retain=score_queries(_read(args.method_retain)),
+        none_forget=score_queries(_read(args.none_forget), config.rule),
+        none_retain=score_queries(_read(args.none_retain), config.rule),
+        method_forget=score_queries(_read(args.method_forget), config.rule),
+        method_retain=score_queries(_read(args.method_retain), config.rule),
     )
     result = compare_cells(quartet, config)
     by_budget = verdicts_by_budget(quartet, config) if args.by_budget else None

@@ -13,14 +13,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from kbench.config import ScoringConfig
-from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, LORA
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, FIELD_AWARE_RULE, LORA
 from kbench.observer.channels import ATTACKER_BUDGETS
+from kbench.observer.matcher import scoring_rule_names
 from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
 from kbench.observer.power import smallest_p_adjusted
 from kbench.observer.statistics import (
@@ -53,11 +54,9 @@ ADAPTER_FREE_RECIPE = ADAPTER_FREE
 DEFAULT_RECIPES = frozenset({ADAPTER_FREE, LORA})
 #: The budget an attacker reading only answers has, and the full multi-channel observer.
 NARROWEST_BUDGET, WIDEST_BUDGET = next(iter(ATTACKER_BUDGETS)), list(ATTACKER_BUDGETS)[-1]
-#: The design factors of SPEC §9's η² analysis, as columns of the per-seed K-Score frame.
+#: The design factors of SPEC §9's η² analysis, as columns of the per-seed K-Score frame. The
+#: scoring rule varies because every (row, seed) is scored under each registered matcher rule.
 DESIGN_FACTORS: tuple[str, ...] = ("method", "substrate", "base_model", "seed", "recipe", "scoring_rule")
-#: Every K-Score of a report is computed here under one rule: the SPEC §7 field-aware matcher
-#: with the thresholds of params.scoring. The factor is listed so the table says it is constant.
-SCORING_RULE = "field-aware"
 
 
 @dataclass(frozen=True)
@@ -123,15 +122,16 @@ class Row:
     by_seed: dict[int, dict[str, ScoredQueries]]  # seed -> split -> queries
 
 
-def _split(records: Sequence[TraceRecord], split: str, where: str) -> ScoredQueries:
+def _split(records: Sequence[TraceRecord], split: str, where: str, rule: str) -> ScoredQueries:
     chosen = [r for r in records if r.split == split]
     if not chosen:
         raise ValueError(f"{where} has no {split} trace records; a cell run holds both splits")
-    return score_queries(chosen)
+    return score_queries(chosen, rule)
 
 
-def group_rows(cells: Iterable[CellRun]) -> dict[RowKey, Row]:
-    """Rows of the comparison: the cell runs of each (base model, substrate, recipe, method)."""
+def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE) -> dict[RowKey, Row]:
+    """Rows of the comparison: the cell runs of each (base model, substrate, recipe, method),
+    their queries read under one scoring rule."""
     grouped: dict[RowKey, list[CellRun]] = defaultdict(list)
     for cell in cells:
         grouped[cell.row_key].append(cell)
@@ -146,9 +146,9 @@ def group_rows(cells: Iterable[CellRun]) -> dict[RowKey, Row]:
             key=key,
             run_ids=tuple(run.run_id for run in runs),
             seeds=tuple(seeds),
-            pooled={split: _split(records, split, f"row {key}") for split in SPLITS},
+            pooled={split: _split(records, split, f"row {key}", rule) for split in SPLITS},
             by_seed={
-                run.seed: {split: _split(run.records, split, f"run {run.run_id} ({key})") for split in SPLITS}
+                run.seed: {split: _split(run.records, split, f"run {run.run_id} ({key})", rule) for split in SPLITS}
                 for run in runs
             },
         )
@@ -282,6 +282,8 @@ class Sensitivity:
 
     observations: int
     effects: tuple[FactorEffect, ...]
+    #: The scoring rules every (row, seed) was scored under (the `scoring_rule` factor's levels).
+    scoring_rules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,9 @@ class Comparison:
     leak_patterns: tuple[LeakPatterns, ...]
     sensitivity: Sensitivity
     config: ScoringConfig
+    #: The ReAct answer rules (agent.answer_rule) the compared traces were parsed with, sorted;
+    #: None for traces that do not record one (another harness, or written before it was named).
+    answer_rules: tuple[str | None, ...] = ()
 
     @property
     def tested(self) -> tuple[RowResult, ...]:
@@ -477,31 +482,36 @@ def _recipe_factor(key: RowKey) -> str:
     return "default" if key.recipe in DEFAULT_RECIPES else key.recipe
 
 
-def _seed_k_scores(rows: dict[RowKey, Row], results: list[RowResult], config: ScoringConfig) -> pd.DataFrame:
-    """One K-Score per (row, seed) against the baseline of the same seed (NaN: TC or invalid).
+def _seed_k_scores(
+    rows_by_rule: Mapping[str, dict[RowKey, Row]], keys: Sequence[RowKey], config: ScoringConfig
+) -> pd.DataFrame:
+    """One K-Score per (scoring rule, row, seed) against the baseline of the same seed and rule
+    (NaN: TC or invalid baseline).
 
-    The verdict gates that leave K undefined (invalid baseline, TC) do not depend on p, so
-    the per-seed McNemar p is passed unadjusted.
+    `keys` are the compared rows (the same under every rule: a rule changes scores, not which
+    cells exist). The verdict gates that leave K undefined (invalid baseline, TC) do not
+    depend on p, so the per-seed McNemar p is passed unadjusted.
     """
     records = []
-    for result in results:
-        row, baseline = rows[result.key], rows[result.key.baseline]
-        for seed in sorted(set(row.seeds) & set(baseline.seeds)):
-            quartet = _quartet(row, baseline, by_seed=seed)
-            p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
-            verdict = decide_verdict(
-                *(cell_metrics(cell, config) for cell in quartet.cells()),
-                p=p, p_adj=p, is_baseline=result.key.is_baseline, config=config,
-            )
-            records.append({
-                "method": result.key.method,
-                "substrate": result.key.substrate,
-                "base_model": result.key.base_model,
-                "seed": seed,
-                "recipe": _recipe_factor(result.key),
-                "scoring_rule": SCORING_RULE,
-                "k_score": math.nan if verdict.k_score is None else verdict.k_score,
-            })
+    for rule, rows in rows_by_rule.items():
+        for key in keys:
+            row, baseline = rows[key], rows[key.baseline]
+            for seed in sorted(set(row.seeds) & set(baseline.seeds)):
+                quartet = _quartet(row, baseline, by_seed=seed)
+                p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
+                verdict = decide_verdict(
+                    *(cell_metrics(cell, config) for cell in quartet.cells()),
+                    p=p, p_adj=p, is_baseline=key.is_baseline, config=config,
+                )
+                records.append({
+                    "method": key.method,
+                    "substrate": key.substrate,
+                    "base_model": key.base_model,
+                    "seed": seed,
+                    "recipe": _recipe_factor(key),
+                    "scoring_rule": rule,
+                    "k_score": math.nan if verdict.k_score is None else verdict.k_score,
+                })
     return pd.DataFrame(records, columns=[*DESIGN_FACTORS, "k_score"])
 
 
@@ -513,19 +523,33 @@ def sensitivity(frame: pd.DataFrame) -> Sensitivity:
     for factor in DESIGN_FACTORS:
         levels = int(scored[factor].nunique())
         effects.append(FactorEffect(factor, levels, shares[factor] if levels > 1 else None))
-    return Sensitivity(observations=len(scored), effects=tuple(effects))
+    rules = tuple(sorted(frame["scoring_rule"].unique()))
+    return Sensitivity(observations=len(scored), effects=tuple(effects), scoring_rules=rules)
+
+
+def _answer_rules(cells: Sequence[CellRun]) -> tuple[str | None, ...]:
+    """The answer rules recorded in the cells' trace records, sorted (None, unrecorded, last)."""
+    found = {record.answer_rule for cell in cells for record in cell.records}
+    return tuple(sorted(found, key=lambda rule: (rule is None, rule or "")))
 
 
 def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None) -> Comparison:
-    """Everything the report shows, from the cell runs present (any subset of the design)."""
+    """Everything the report shows, from the cell runs present (any subset of the design).
+
+    Every number is read under `config.rule` except the η² table, which scores the same rows
+    under every registered scoring rule so that the rule is one of its factors.
+    """
     config = config or ScoringConfig()
-    rows = group_rows(cells)
+    cells = list(cells)
+    rows = group_rows(cells, config.rule)
     results = _row_results(rows, config)
+    rows_by_rule = {rule: rows if rule == config.rule else group_rows(cells, rule) for rule in scoring_rule_names()}
     return Comparison(
         rows=tuple(results),
         controls=tuple(_controls(rows, config)),
         missing=tuple(_missing(rows)),
         leak_patterns=tuple(_leak_patterns(rows, results, config)),
-        sensitivity=sensitivity(_seed_k_scores(rows, results, config)),
+        sensitivity=sensitivity(_seed_k_scores(rows_by_rule, [r.key for r in results], config)),
         config=config,
+        answer_rules=_answer_rules(cells),
     )

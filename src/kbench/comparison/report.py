@@ -32,7 +32,23 @@ from kbench.comparison.tables import (
     shown_verdict,
     verdict_matrix,
 )
+from kbench.observer.format import MISSING
 from kbench.observer.verdicts import K_CLASSES
+
+
+def rules_line(comparison: Comparison) -> str:
+    """Which matcher rule scored the report and which answer rule parsed its traces."""
+    rules = comparison.answer_rules
+    parsed = ", ".join(MISSING if rule is None else rule for rule in rules) or MISSING
+    if len(rules) > 1:
+        parsed += " (mixed: the cells were not parsed alike)"
+    if None in rules:
+        parsed += f" ({MISSING}: traces that do not record it)"
+    return (
+        f"Scoring rule {comparison.config.rule} (scoring.rule; the η² table also scores every other "
+        f"registered rule). Answer rule of the ReAct parser in these cells: {parsed} "
+        "(agent.answer_rule, docs/agent.md)."
+    )
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,7 @@ Only cell runs of this design are compared; Benjamini–Hochberg families are it
 {% if not_in_design.rows %}<div class="warning"><p>{{ not_in_design.rows | length }} cell key(s) of this
 experiment have runs of another design; they are left out.</p>{{ render(not_in_design) }}</div>
 {% else %}<p class="ok">Every cell run of the experiment belongs to this design.</p>{% endif %}
+<p>{{ rules }}</p>
 
 <h2 id="missing">Missing baselines</h2>
 {% if missing.rows %}<div class="warning"><p>{{ missing.rows | length }} row(s) have no finished
@@ -142,6 +159,7 @@ def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: 
         reach_complete=bool(comparison.tested) and comparison.reachable_classes == K_CLASSES,
         provenance=provenance,
         not_in_design=not_in_design_table(provenance.not_in_design),
+        rules=rules_line(comparison),
         missing=missing_baseline_table(comparison),
         leaderboards=leaderboards(comparison),
         matrix=verdict_matrix(comparison),
@@ -182,6 +200,7 @@ def render_markdown(comparison: Comparison, provenance: Provenance) -> str:
         f"**{reach_line(comparison)}**\n",
         f"Experiment `{provenance.experiment}`, {provenance.cell_runs} cell runs; the full report with "
         "every run id is `reports/index.html`.\n",
+        rules_line(comparison) + "\n",
     ]
     if provenance.design:
         parts.append(f"Design: {provenance.design}.\n")
@@ -286,8 +305,11 @@ def comparison_json(comparison: Comparison, provenance: Provenance | None = None
             }
             for p in comparison.leak_patterns
         ],
+        "scoring_rule": comparison.config.rule,
+        "answer_rules": list(comparison.answer_rules),
         "sensitivity": {
             "observations": comparison.sensitivity.observations,
+            "scoring_rules": list(comparison.sensitivity.scoring_rules),
             "eta_squared": {e.factor: e.eta_squared for e in comparison.sensitivity.effects},
             "levels": {e.factor: e.levels for e in comparison.sensitivity.effects},
         },

@@ -314,13 +314,15 @@ def sensitivity_table(comparison: Comparison) -> Table:
         )
         for e in s.effects
     )
+    rules = ", ".join(s.scoring_rules) or MISSING
     return Table(
         title="η² sensitivity of K-Score",
         columns=("Factor", "Levels", "η²", ""),
         rows=rows,
-        note=f"{s.observations} K-Scores, one per (row, seed), TC and invalid-baseline rows left out. "
-        "η² = type-II SS of the factor in a main-effects ANOVA / total SS. The scoring rule is "
-        "the one of params.scoring for every run of a report.",
+        note=f"{s.observations} K-Scores, one per (scoring rule, row, seed), TC and invalid-baseline "
+        f"rows left out; every row is scored under each registered scoring rule ({rules}), the "
+        f"leaderboards under scoring.rule = {comparison.config.rule} only. η² = type-II SS of the "
+        "factor in a main-effects least-squares fit / total SS.",
     )
 
 

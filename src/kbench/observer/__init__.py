@@ -1,13 +1,24 @@
-"""The observer: the six channels of a trace record, the field-aware matcher, cell metrics,
-the paired statistics, what they can detect (power) and the verdict rules (SPEC §6-§10), plus
-the published-harness import.
+"""The observer: the six channels of a trace record, the matcher and its scoring rules, cell
+metrics, the paired statistics, what they can detect (power) and the verdict rules (SPEC
+§6-§10), plus the published-harness import.
 
 Scoring is pure: functions of trace records (and the `scoring` params), no model, no I/O.
 Every name below is importable from `kbench.observer` directly.
 """
 
 from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS, answer_text, channel_texts
-from kbench.observer.matcher import Match, canon, match, target, tokens, variants
+from kbench.observer.matcher import (
+    Match,
+    ScoringRule,
+    canon,
+    match,
+    register_scoring_rule,
+    scoring_rule,
+    scoring_rule_names,
+    target,
+    tokens,
+    variants,
+)
 from kbench.observer.metrics import (
     CellMetrics,
     Interval,
@@ -69,6 +80,7 @@ __all__ = [
     "PowerError",
     "PublishedFormatError",
     "ScoredQueries",
+    "ScoringRule",
     "VerdictResult",
     "adjust_by_split",
     "answer_text",
@@ -91,8 +103,11 @@ __all__ = [
     "paired_mcnemar",
     "pairs_needed",
     "reachable_classes",
+    "register_scoring_rule",
     "score_queries",
     "score_records",
+    "scoring_rule",
+    "scoring_rule_names",
     "simulated_power",
     "smallest_p",
     "smallest_p_adjusted",

@@ -17,6 +17,7 @@ import numpy as np
 
 from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
 from kbench.config import ScoringConfig
+from kbench.names import FIELD_AWARE_RULE
 from kbench.observer.matcher import NO_MATCH, target
 from kbench.records import TraceRecord
 
@@ -90,13 +91,13 @@ class ScoredQueries:
         )
 
 
-def score_queries(records: Iterable[TraceRecord]) -> ScoredQueries:
-    """Read every record's channels with the matcher into a `ScoredQueries`."""
+def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE) -> ScoredQueries:
+    """Read every record's channels with the matcher, under a scoring rule, into a `ScoredQueries`."""
     seeds, query_ids, hits, severity, observed, degenerate = [], [], [], [], [], []
     methods, splits, substrates = set(), set(), set()
     for record in records:
         texts = channel_texts(record)
-        truth = target(record.field, record.ground_truth)
+        truth = target(record.field, record.ground_truth, rule)
         for channel in CHANNELS:
             text = texts[channel]
             found = NO_MATCH if text is None else truth.match(text)
@@ -295,5 +296,6 @@ def cell_metrics(
 def score_records(
     records: Iterable[TraceRecord], config: ScoringConfig | None = None, seed: int | None = None
 ) -> CellMetrics:
-    """Score a list of trace records as one cell: the entry point every stage calls."""
-    return cell_metrics(score_queries(records), config, seed)
+    """Score a list of trace records as one cell under `config.rule`: the entry point every stage calls."""
+    config = config or ScoringConfig()
+    return cell_metrics(score_queries(records, config.rule), config, seed)
