@@ -6,6 +6,7 @@ fails at start-up with a message that names the key.
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -35,6 +36,10 @@ class CorpusConfig(_Section):
     n_entities: int = Field(250, ge=10)
     faker_seed: int = 42
     faker_locale: str = "en_US"
+    #: Generated ages (and the agent base's out-of-corpus people's) are counted from this day,
+    #: not today, so the same params give the same corpus on any day. 2026-11-30 is the day the
+    #: committed default run was measured: its corpus is exactly the one generated then.
+    reference_date: date = date(2026, 11, 30)
     #: SPEC §2 paper preset: forget = first 20%; adapter pools are 200/1000 and 200/4000.
     forget_fraction: float = Field(0.2, gt=0, lt=1)
     forget_adapter_fraction: float = Field(0.2, gt=0, lt=1)
