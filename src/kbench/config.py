@@ -30,9 +30,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: `corpus.source` of a corpus generated here; any other value names a folder.
+GENERATED = "generated"
+
+
 class CorpusConfig(_Section):
-    #: "generated" builds a Faker corpus; any other value is a folder in the kbench-v1 format.
-    source: str = "generated"
+    #: GENERATED builds a Faker corpus; any other value is a folder in the kbench-v1 format
+    #: (under data/ for DVC to see edits to it: README, "Adding a model or a corpus").
+    source: str = GENERATED
     n_entities: int = Field(250, ge=10)
     faker_seed: int = 42
     faker_locale: str = "en_US"

@@ -26,7 +26,7 @@ from faker import Faker
 from pydantic import ValidationError
 
 from kbench import io
-from kbench.config import CorpusConfig
+from kbench.config import GENERATED, CorpusConfig
 from kbench.records import FIELDS, SPLITS, Entity, Query
 
 PoolName = Literal["forget_adapter", "forget_eval", "retain_adapter", "retain_eval"]
@@ -67,7 +67,7 @@ class Corpus:
     entities: dict[str, Entity]
     pools: dict[str, list[str]]
     distractor_ids: list[str]
-    source: str = "generated"
+    source: str = GENERATED
     _queries: dict[str, Query] = field(default_factory=dict, repr=False)
 
     def queries_for(self, entity_id: str, fields: tuple[str, ...] = FIELDS) -> list[Query]:
@@ -241,7 +241,7 @@ def generate_corpus(cfg: CorpusConfig) -> Corpus:
         entities={e.id: e for e in entities},
         pools=pools,
         distractor_ids=list(pools[RETAIN_ADAPTER]),
-        source="generated",
+        source=GENERATED,
     )
     validate_corpus(corpus)
     return corpus
@@ -358,7 +358,7 @@ def write_corpus(corpus: Corpus, directory: str | Path) -> None:
 
 def build_corpus(cfg: CorpusConfig, out_dir: str | Path) -> Corpus:
     """The corpus stage: generate (or import an external corpus), validate, write."""
-    if cfg.source == "generated":
+    if cfg.source == GENERATED:
         corpus = generate_corpus(cfg)
     else:
         external = load_corpus(cfg.source)
