@@ -10,6 +10,7 @@ import yaml
 
 from kbench.config import CorpusConfig
 from kbench.corpus import FACTS_FILE, generate_corpus, write_corpus
+from kbench.stages.corpus import watched_by_dvc
 
 from conftest import REPO
 
@@ -77,3 +78,10 @@ def test_a_corpus_replaced_in_place_under_data_reruns_what_it_must(kbench_root):
     write_corpus(generate_corpus(CorpusConfig(n_entities=20, faker_seed=3)), root / "data/other")
     _dvc(root, "repro", "corpus")
     assert _corpus_out_md5(root) == second
+
+
+def test_only_a_source_under_data_is_watched_by_dvc(kbench_root):
+    (kbench_root / "data/mine").mkdir(parents=True)
+    assert watched_by_dvc("data/mine") and watched_by_dvc(str(kbench_root / "data/mine"))
+    assert not watched_by_dvc("../shared/data/kbench-v1") and not watched_by_dvc("corpora/mine")
+    assert not watched_by_dvc("data-old/mine")
