@@ -11,7 +11,9 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: setup system-deps run test clean-venv
 
+# data/ holds corpora, a DVC dependency of the corpus stage (empty by default; README).
 setup: $(STAMP) $(MODEL)
+	@mkdir -p data
 
 # torch is installed first and pinned (2.13.0, the CPU build on this machine): any later
 # requirement on torch is then already met, so pip never pulls a multi-GB CUDA build.
@@ -26,9 +28,15 @@ $(STAMP): pyproject.toml constraints.txt
 $(MODEL): $(STAMP)
 	.venv/bin/kbench setup
 
+# After the run, `dvc commit` caches the inputs that setup made outside DVC (models/, data/),
+# and every DVC-tracked file goes to the default remote (.dvc/config: kbench-dvc-remote beside
+# the clone), so `git clone` + `make setup` + `dvc pull` elsewhere restores it (README, "DVC remote").
 run: setup
 	.venv/bin/dvc repro
+	.venv/bin/dvc commit -q
+	.venv/bin/dvc push
 	@echo
+	@echo "Pushed to DVC remote: $$(.venv/bin/dvc remote list | head -1)"
 	@echo "Leaderboard:     reports/leaderboard.md; full report: reports/index.html"
 	@echo "Runs and traces: .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  (then open http://127.0.0.1:5000)"
 

@@ -24,7 +24,8 @@ from kbench.substrates import build_index, build_substrate, index_entities
 
 @pytest.fixture(scope="module")
 def people(small_corpus, params):  # noqa: F811
-    return out_of_corpus_people(small_corpus, params.agent_base.model_copy(update={"n_train_people": 12}))
+    return out_of_corpus_people(
+        small_corpus, params.agent_base.model_copy(update={"n_train_people": 12}), params.corpus.reference_date)
 
 
 def test_people_are_outside_the_corpus(small_corpus, people):  # noqa: F811
@@ -37,7 +38,7 @@ def test_people_are_outside_the_corpus(small_corpus, people):  # noqa: F811
 def test_a_name_clash_is_redrawn(small_corpus, params):  # noqa: F811
     """Drawing with the corpus's own Faker seed would repeat its names; every one is redrawn."""
     config = params.agent_base.model_copy(update={"faker_seed": params.corpus.faker_seed, "n_train_people": 20})
-    drawn = out_of_corpus_people(small_corpus, config)
+    drawn = out_of_corpus_people(small_corpus, config, params.corpus.reference_date)
     assert not {p.name for p in drawn} & {e.name for e in small_corpus.entities.values()}
 
 

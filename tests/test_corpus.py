@@ -1,21 +1,28 @@
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
+import faker.providers.date_time as faker_dates
 import pytest
+from faker import Faker
 
-from kbench.config import CorpusConfig
+from kbench.config import AgentBaseConfig, CorpusConfig
 from kbench.corpus import (
+    MAX_AGE,
+    MIN_AGE,
     POOL_NAMES,
     CorpusError,
     build_corpus,
     check_pools_disjoint,
+    draw_date_of_birth,
     generate_corpus,
     load_corpus,
     pool_sizes,
     write_corpus,
 )
+from kbench.parametric.agent_base import out_of_corpus_people
 from kbench.records import FIELDS
 
 from conftest import KBENCH_V1
@@ -31,6 +38,84 @@ def test_same_seed_gives_same_bytes(tmp_path):
     write_corpus(generate_corpus(SMALL), tmp_path / "a")
     write_corpus(generate_corpus(SMALL), tmp_path / "b")
     assert _bytes(tmp_path / "a") == _bytes(tmp_path / "b")
+
+
+def _freeze_today(monkeypatch: pytest.MonkeyPatch, day: dt.date) -> None:
+    """Make `day` today for Faker and the datetime module (a pure-Python faketime)."""
+
+    class _Real(type):
+        # Real dates and datetimes still pass isinstance checks against the stand-ins.
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, cls.__mro__[1])
+
+    class FrozenDate(dt.date, metaclass=_Real):
+        @classmethod
+        def today(cls):
+            return dt.date(day.year, day.month, day.day)
+
+    class FrozenDatetime(dt.datetime, metaclass=_Real):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(day.year, day.month, day.day, 12, tzinfo=tz)
+
+        @classmethod
+        def today(cls):
+            return cls.now()
+
+    for module in (dt, faker_dates):
+        monkeypatch.setattr(module, "datetime", FrozenDatetime)
+    monkeypatch.setattr(dt, "date", FrozenDate)
+    monkeypatch.setattr(faker_dates, "dtdate", FrozenDate)
+
+
+def _fakers_own_date_of_birth(seed: int) -> dt.date:
+    fake = Faker("en_US")
+    fake.seed_instance(seed)
+    return fake.date_of_birth(minimum_age=MIN_AGE, maximum_age=MAX_AGE)
+
+
+def test_the_same_params_give_the_same_corpus_on_any_day(tmp_path, monkeypatch):
+    """Generated on two calendar days, the corpus files and the agent base's people are the same bytes."""
+    days = (dt.date(2026, 12, 1), dt.date(2031, 3, 1))
+    fakers_own, people = [], []
+    for day in days:
+        with monkeypatch.context() as patched:
+            _freeze_today(patched, day)
+            assert dt.date.today() == day and faker_dates.datetime.now().date() == day
+            fakers_own.append(_fakers_own_date_of_birth(seed=7))
+            corpus = generate_corpus(SMALL)
+            write_corpus(corpus, tmp_path / day.isoformat())
+            drawn = out_of_corpus_people(corpus, AgentBaseConfig(), SMALL.reference_date)
+            people.append([p.model_dump() for p in drawn])
+    # The frozen clock reaches Faker: its own date_of_birth moves with the day ...
+    assert fakers_own[0] != fakers_own[1]
+    # ... while the corpus and the out-of-corpus people count from corpus.reference_date.
+    first, second = (_bytes(tmp_path / day.isoformat()) for day in days)
+    assert first == second
+    assert people[0] == people[1]
+
+
+def test_dates_of_birth_are_fakers_draw_on_the_reference_date(monkeypatch):
+    """On the reference date itself the anchored draw equals Faker's own: the corpus of the
+    measured default run (generated that day) is the one the default params give."""
+    reference = CorpusConfig().reference_date
+    with monkeypatch.context() as patched:
+        _freeze_today(patched, reference)
+        expected = [_fakers_own_date_of_birth(seed) for seed in range(20)]
+    anchored = []
+    for seed in range(20):
+        fake = Faker("en_US")
+        fake.seed_instance(seed)
+        anchored.append(draw_date_of_birth(fake, reference))
+    assert anchored == expected
+    for born in anchored:
+        age = (reference - born).days / 365.25
+        assert MIN_AGE <= age < MAX_AGE + 1
+
+
+def test_a_leap_day_reference_date_is_a_valid_anchor():
+    corpus = generate_corpus(SMALL.model_copy(update={"reference_date": dt.date(2028, 2, 29)}))
+    assert all(dt.date.fromisoformat(e.date_of_birth) <= dt.date(2007, 3, 1) for e in corpus.entities.values())
 
 
 def test_other_seed_gives_other_people():

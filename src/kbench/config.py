@@ -6,6 +6,7 @@ fails at start-up with a message that names the key.
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,12 +33,21 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: `corpus.source` of a corpus generated here; any other value names a folder.
+GENERATED = "generated"
+
+
 class CorpusConfig(_Section):
-    #: "generated" builds a Faker corpus; any other value is a folder in the kbench-v1 format.
-    source: str = "generated"
+    #: GENERATED builds a Faker corpus; any other value is a folder in the kbench-v1 format
+    #: (under data/ for DVC to see edits to it: README, "Adding a model or a corpus").
+    source: str = GENERATED
     n_entities: int = Field(250, ge=10)
     faker_seed: int = 42
     faker_locale: str = "en_US"
+    #: Generated ages (and the agent base's out-of-corpus people's) are counted from this day,
+    #: not today, so the same params give the same corpus on any day. 2026-11-30 is the day the
+    #: committed default run was measured: its corpus is exactly the one generated then.
+    reference_date: date = date(2026, 11, 30)
     #: SPEC §2 paper preset: forget = first 20%; adapter pools are 200/1000 and 200/4000.
     forget_fraction: float = Field(0.2, gt=0, lt=1)
     forget_adapter_fraction: float = Field(0.2, gt=0, lt=1)

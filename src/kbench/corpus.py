@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -25,7 +26,7 @@ from faker import Faker
 from pydantic import ValidationError
 
 from kbench import io
-from kbench.config import CorpusConfig
+from kbench.config import GENERATED, CorpusConfig
 from kbench.records import FIELDS, SPLITS, Entity, Query
 
 PoolName = Literal["forget_adapter", "forget_eval", "retain_adapter", "retain_eval"]
@@ -36,6 +37,8 @@ FACTS_FILE = "v1_facts.jsonl"
 QUERIES_FILE = "v1_queries.jsonl"
 DISTRACTORS_FILE = "bios_distractor.jsonl"
 MANIFEST_FILE = "manifest.json"
+#: Ages of generated people on `corpus.reference_date` (adults of working age).
+MIN_AGE, MAX_AGE = 21, 80
 
 # Each template states all four fields; several phrasings keep the matcher honest about
 # where a value sits in a sentence.
@@ -64,7 +67,7 @@ class Corpus:
     entities: dict[str, Entity]
     pools: dict[str, list[str]]
     distractor_ids: list[str]
-    source: str = "generated"
+    source: str = GENERATED
     _queries: dict[str, Query] = field(default_factory=dict, repr=False)
 
     def queries_for(self, entity_id: str, fields: tuple[str, ...] = FIELDS) -> list[Query]:
@@ -156,7 +159,30 @@ def pool_sizes(cfg: CorpusConfig) -> dict[str, int]:
     return sizes
 
 
-def _unique_people(fake: Faker, n: int, taken: set[str] = frozenset()) -> list[dict[str, str]]:
+def _years_before(day: date, years: int) -> date:
+    """`day` moved back `years` years; 29 February becomes 1 March in a common year (as in Faker)."""
+    try:
+        return day.replace(year=day.year - years)
+    except ValueError:
+        return day.replace(year=day.year - years, month=3, day=1)
+
+
+def draw_date_of_birth(fake: Faker, reference_date: date) -> date:
+    """A birth date for an age of MIN_AGE..MAX_AGE on `reference_date`, never on today's date.
+
+    Faker's own `date_of_birth(minimum_age, maximum_age)` counts from the calendar day it runs
+    on, so the same seed gives another corpus tomorrow. This is the same draw from the same
+    seeded generator with `reference_date` in place of today: on that day both agree.
+    """
+    start = _years_before(reference_date, MAX_AGE + 1)
+    end = _years_before(reference_date, MIN_AGE)
+    born = fake.date_time_ad(start_datetime=start, end_datetime=end).date()
+    return born if born != start else born + timedelta(days=1)
+
+
+def _unique_people(
+    fake: Faker, n: int, reference_date: date, taken: set[str] = frozenset()
+) -> list[dict[str, str]]:
     """Draw n people with distinct names (a repeated name would make queries ambiguous)."""
     people: list[dict[str, str]] = []
     seen = set(taken)
@@ -169,7 +195,7 @@ def _unique_people(fake: Faker, n: int, taken: set[str] = frozenset()) -> list[d
         people.append(
             {
                 "name": name,
-                "date_of_birth": fake.date_of_birth(minimum_age=21, maximum_age=80).isoformat(),
+                "date_of_birth": draw_date_of_birth(fake, reference_date).isoformat(),
                 # Civil addresses only (Faker's address() also yields military APO/FPO forms).
                 "address": f"{fake.street_address()}, {fake.city()}, "
                 f"{fake.state_abbr(include_territories=False)} {fake.postcode()}",
@@ -181,13 +207,15 @@ def _unique_people(fake: Faker, n: int, taken: set[str] = frozenset()) -> list[d
 
 
 def make_entities(
-    n: int, seed: int, locale: str = "en_US", prefix: str = "pii", taken_names: set[str] = frozenset()
+    n: int, seed: int, reference_date: date, locale: str = "en_US", prefix: str = "pii",
+    taken_names: set[str] = frozenset(),
 ) -> list[Entity]:
-    """n Faker entities `{prefix}-00000..`; also used for out-of-corpus people (another prefix)."""
+    """n Faker entities `{prefix}-00000..`, ages counted from `reference_date`; also used for
+    out-of-corpus people (another prefix). Same arguments, same entities, on any day."""
     fake = Faker(locale)
     fake.seed_instance(seed)
     entities = []
-    for index, person in enumerate(_unique_people(fake, n, taken_names)):
+    for index, person in enumerate(_unique_people(fake, n, reference_date, taken_names)):
         template_id = index % len(BIO_TEMPLATES)
         entities.append(
             Entity(
@@ -201,7 +229,7 @@ def make_entities(
 
 
 def generate_corpus(cfg: CorpusConfig) -> Corpus:
-    entities = make_entities(cfg.n_entities, cfg.faker_seed, cfg.faker_locale)
+    entities = make_entities(cfg.n_entities, cfg.faker_seed, cfg.reference_date, cfg.faker_locale)
     ids = [e.id for e in entities]
     sizes = pool_sizes(cfg)
     pools: dict[str, list[str]] = {}
@@ -213,7 +241,7 @@ def generate_corpus(cfg: CorpusConfig) -> Corpus:
         entities={e.id: e for e in entities},
         pools=pools,
         distractor_ids=list(pools[RETAIN_ADAPTER]),
-        source="generated",
+        source=GENERATED,
     )
     validate_corpus(corpus)
     return corpus
@@ -330,7 +358,7 @@ def write_corpus(corpus: Corpus, directory: str | Path) -> None:
 
 def build_corpus(cfg: CorpusConfig, out_dir: str | Path) -> Corpus:
     """The corpus stage: generate (or import an external corpus), validate, write."""
-    if cfg.source == "generated":
+    if cfg.source == GENERATED:
         corpus = generate_corpus(cfg)
     else:
         external = load_corpus(cfg.source)

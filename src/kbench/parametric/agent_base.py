@@ -19,6 +19,7 @@ import logging
 import random
 import tempfile
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 from kbench import io
@@ -61,12 +62,14 @@ def agent_model_config(params: Params) -> ModelConfig:
     return params.model.model_copy(update={"path": params.agent_base.out_dir})
 
 
-def out_of_corpus_people(corpus: Corpus, config: AgentBaseConfig) -> list[Entity]:
+def out_of_corpus_people(corpus: Corpus, config: AgentBaseConfig, reference_date: date) -> list[Entity]:
     """Train, held-out and distractor people (in that order) from another Faker seed, none
-    sharing a name with the corpus."""
+    sharing a name with the corpus; ages count from `reference_date` (`corpus.reference_date`)."""
     corpus_names = {e.name for e in corpus.entities.values()}
     n = config.n_train_people + config.n_heldout_people + N_DISTRACTORS
-    people = make_entities(n, config.faker_seed, prefix=OUT_OF_CORPUS_PREFIX, taken_names=corpus_names)
+    people = make_entities(
+        n, config.faker_seed, reference_date, prefix=OUT_OF_CORPUS_PREFIX, taken_names=corpus_names
+    )
     clashes = corpus_names & {p.name for p in people}
     if clashes:
         raise AgentBaseError(f"out-of-corpus people share names with the corpus: {sorted(clashes)[:3]}")
@@ -185,7 +188,7 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
         raise AgentBaseError(f"agent_base.enabled needs model.backend: {HF_BACKEND}")
     out_dir = Path(out_dir)
     rng = random.Random(config.faker_seed)
-    people = out_of_corpus_people(corpus, config)
+    people = out_of_corpus_people(corpus, config, params.corpus.reference_date)
     n_train, n_heldout = config.n_train_people, config.n_heldout_people
     train_people, heldout_people = people[:n_train], people[n_train : n_train + n_heldout]
     distractors = people[n_train + n_heldout :]

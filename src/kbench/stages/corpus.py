@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kbench import tracking
 from kbench.cli.app import add_command
-from kbench.config import Params
+from kbench.config import GENERATED, Params
 from kbench.corpus import Corpus, build_corpus
 from kbench.design import load_design
 
@@ -16,11 +16,24 @@ log = logging.getLogger(__name__)
 
 COMMAND = "corpus"
 CORPUS_DIR = Path("artifacts/corpus")
+#: The folder of corpora, a DVC dependency of this stage (dvc.yaml): DVC sees edits only here.
+DATA_DIR = Path("data")
+
+
+def watched_by_dvc(source: str) -> bool:
+    """Whether DVC reruns this stage when the corpus folder `source` changes in place."""
+    return Path(source).resolve().is_relative_to(DATA_DIR.resolve())
 
 
 def run_corpus_stage(params: Params, out: Path = CORPUS_DIR, *, track: bool = True) -> Corpus:
     """Build the corpus of `params.corpus` in `out` and record it (pool sizes as metrics)."""
     corpus = build_corpus(params.corpus, out)
+    if corpus.source != GENERATED and not watched_by_dvc(corpus.source):
+        log.warning(
+            "corpus.source %s is outside %s/: dvc repro reruns this stage when corpus.source changes, "
+            "not when that folder's files do, and dvc push leaves it out; copy it under %s/ to version it",
+            corpus.source, DATA_DIR, DATA_DIR,
+        )
     sizes = {name: len(ids) for name, ids in corpus.pools.items()}
     log.info("corpus %s: %d entities, pools %s", corpus.source, len(corpus.entities), sizes)
     metrics = {f"pool_{name}": size for name, size in sizes.items()}
