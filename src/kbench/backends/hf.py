@@ -94,11 +94,13 @@ def greedy_decode(
     max_new_tokens: int,
     stop: Sequence[str] = (),
     batch_size: int | None = None,
+    eos_token_ids: Sequence[int] | None = None,
 ) -> list[str]:
     """Greedy continuations of chats, `batch_size` at a time (default: all in one batch).
 
     Prompts are left-padded, so every row's next token sits in the last column. A row ends
-    at an end-of-turn token or at the first `stop` string (the text is cut before it).
+    at an end-of-turn token (`eos_token_ids`, default `end_of_turn_ids`) or at the first `stop`
+    string (the text is cut before it).
     """
     if not conversations:
         return []
@@ -107,7 +109,7 @@ def greedy_decode(
     config = GenerationConfig(
         do_sample=False,
         max_new_tokens=max_new_tokens,
-        eos_token_id=end_of_turn_ids(model, tokenizer),
+        eos_token_id=list(eos_token_ids) if eos_token_ids is not None else end_of_turn_ids(model, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         stop_strings=list(stop) or None,
         use_cache=True,
@@ -135,6 +137,8 @@ class HFBackend(Backend):
         tokenizer.padding_side = "left"
         self._tokenizer = tokenizer
         self._model = model
+        # Found once: a vocabulary scan per ReAct step would sit on the agent's hot path.
+        self._end_of_turn_ids = end_of_turn_ids(model, tokenizer)
 
     @property
     def model(self) -> Any:
@@ -160,5 +164,8 @@ class HFBackend(Backend):
     def generate(
         self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
     ) -> list[Generation]:
-        texts = greedy_decode(self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop)
+        texts = greedy_decode(
+            self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop,
+            eos_token_ids=self._end_of_turn_ids,
+        )
         return [Generation(text) for text in texts]

@@ -206,7 +206,8 @@ def run_cell_stage(
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.stage_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
-    inputs = _inputs_fingerprint(params, spec, corpus.fingerprint(), {"adapter": adapter_digest})
+    corpus_fingerprint = corpus.fingerprint()
+    inputs = _inputs_fingerprint(params, spec, corpus_fingerprint, {"adapter": adapter_digest})
     _prepare_output(out_dir, inputs)
 
     fields = tuple(params.queries.fields)
@@ -223,7 +224,7 @@ def run_cell_stage(
     metrics = score_cell(records, params, spec.seed)
     io.write_json(out_dir / METRICS_FILE, metrics)
 
-    tags = cell_tags(params, spec, corpus.fingerprint(), model_fingerprint(model))
+    tags = cell_tags(params, spec, corpus_fingerprint, model_fingerprint(model))
     log.info(
         "cell %s: OR(all) forget %.3f retain %.3f, degeneration forget %.3f",
         spec.cell_id, metrics[FORGET]["or_all"], metrics[RETAIN]["or_all"], metrics[FORGET]["degeneration"],
