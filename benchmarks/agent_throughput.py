@@ -1,13 +1,24 @@
-"""Agent throughput: this harness vs the published way of running the agent.
+"""Agent throughput: the published loop, the lockstep harness on `generate`, and the KV engine.
 
-(a) published: one trajectory at a time; each step is one batch-1 `generate` that stops only
-    at `max_new_tokens`, and the text is cut at the stop string / end of turn afterwards;
-(b) this harness: lockstep batches, generation stopping at `Observation:` and end of turn.
+Modes, each run in its own process on the same queries through the same ReAct loop (default
+model: the agent base when it has been built), so that peak memory is the mode's own:
 
-Both run the same queries through the same ReAct loop on the default model (the agent base
-when it has been built). Each mode runs in its own process so peak memory is its own.
+  published   one trajectory at a time; each step a batch-1 decode to `max_new_tokens` with
+              no early stop, cut at the stop string / end of turn afterwards;
+  lockstep    lockstep batches on transformers' `generate` (`model.engine: generate`): every
+              step re-encodes the whole prompt; stops at `Observation:` and end of turn;
+  engine      lockstep batches on the KV engine (`model.engine: kv`, the default).
 
-    PYTHONPATH=src python benchmarks/agent_throughput.py --n 8 --substrate R-struct
+For every substrate the report gives trajectories/s with the spread over `--repeats`, peak
+RSS, the engine's prefill/decode split, and its harness efficiency: generated tokens/s inside
+the cell ÷ tokens/s of a raw batched `generate` (no stop strings) at the same batch on the
+cell's first prompts. It also gives the equivalence of the engine with the lockstep harness:
+identical traces, and for each trajectory that differs the top-2 logit gap, in a batch-1 full
+recompute, at the first token where the two replies part. `--batch-sizes` sweeps the
+engine's batch size.
+
+    PYTHONPATH=src python benchmarks/agent_throughput.py --n 16 --substrates C R-struct \\
+        --modes lockstep engine --batch-sizes 4 8 16 32 --json benchmarks/agent_throughput.json
 """
 
 from __future__ import annotations
@@ -15,18 +26,23 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kbench.backends import Conversation, Generation
 from kbench.backends.base import truncate_at_stop
-from kbench.backends.hf import HFBackend
+from kbench.backends.hf import HFBackend, encode_prompt, end_of_turn_ids, load_model, render_prompt
+from kbench.names import GENERATE_ENGINE, KV_ENGINE
+
+MODES = ("published", "lockstep", "engine")
 
 
 class PublishedHarnessBackend(HFBackend):
@@ -35,7 +51,8 @@ class PublishedHarnessBackend(HFBackend):
     name = "hf-published"
 
     @torch.inference_mode()
-    def generate(self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int) -> list[Generation]:
+    def generate(self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int,
+                 **_: Any) -> list[Generation]:
         out = []
         for conversation in conversations:
             ids = self.tokenizer(self.render(conversation), return_tensors="pt", add_special_tokens=False)["input_ids"]
@@ -45,22 +62,17 @@ class PublishedHarnessBackend(HFBackend):
                 token = step.logits[0, -1].argmax().item()
                 tokens.append(token)
                 next_ids = torch.tensor([[token]], device=self.device)
-                step = self.model(input_ids=next_ids, past_key_values=step.past_key_values, use_cache=True)
+                step = self.model(input_ids=next_ids, cache=step.cache, use_cache=True)
             end = next((i for i, t in enumerate(tokens) if t in self._end_of_turn_ids), len(tokens))
             text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
             out.append(Generation(truncate_at_stop(text, stop)))
         return out
 
 
-def run_mode(mode: str, n: int, substrate: str, model_path: str | None, out: Path) -> None:
-    from kbench.agent import ReActAgent
-    from kbench.parametric.agent_base import agent_model_config
-    from kbench.backends import build_backend
-    from kbench.config import Params
-    from kbench.corpus import generate_corpus
-    from kbench.methods import MethodContext, build_method
+def _model_config(model_path: str | None, engine: str):
     from kbench.backends.packaged import ensure_default_model, is_model_folder
-    from kbench.substrates import build_index, build_substrate, index_entities
+    from kbench.config import Params
+    from kbench.parametric.agent_base import agent_model_config
 
     params = Params()
     model = agent_model_config(params)
@@ -68,16 +80,37 @@ def run_mode(mode: str, n: int, substrate: str, model_path: str | None, out: Pat
         model = model.model_copy(update={"path": model_path})
     elif not is_model_folder(model.path):
         model = params.model.model_copy(update={"path": str(ensure_default_model())})
-    model = model.model_copy(update={"device": "cpu", "dtype": "float32"})
+    return params, model.model_copy(update={"device": "cpu", "dtype": "float32", "engine": engine})
+
+
+def run_mode(mode: str, n: int, substrate: str, batch_size: int, model_path: str | None, out: Path) -> None:
+    """One mode on one substrate: records, every step's prompt and reply, timing, memory."""
+    from kbench.agent import ReActAgent
+    from kbench.backends import build_backend
+    from kbench.corpus import generate_corpus
+    from kbench.methods import MethodContext, build_method
+    from kbench.substrates import build_index, build_substrate, index_entities
+
+    params, model = _model_config(model_path, KV_ENGINE if mode == "engine" else GENERATE_ENGINE)
     corpus = generate_corpus(params.corpus)
     with tempfile.TemporaryDirectory() as scratch:
         index_dir = build_index(index_entities(corpus), scratch)
-        config = params.agent if mode == "lockstep" else params.agent.model_copy(update={"batch_size": 1})
-        backend = build_backend(model) if mode == "lockstep" else PublishedHarnessBackend(model)
+        config = params.agent.model_copy(update={"batch_size": 1 if mode == "published" else batch_size})
+        backend = PublishedHarnessBackend(model) if mode == "published" else build_backend(model)
         agent = ReActAgent(
             backend, build_substrate(substrate, corpus, config, seed=0, index_dir=index_dir),
             build_method("none", MethodContext(corpus, params, 0)), config, seed=0,
         )
+        calls: dict[str, list[dict]] = {}
+        generate = agent._generate
+
+        def logged(queries, conversations, **kwargs):  # every step's prompt and reply, per query
+            generations = generate(queries, conversations, **kwargs)
+            for query, conversation, generation in zip(queries, conversations, generations):
+                calls.setdefault(query.query_id, []).append({"conversation": conversation, "reply": generation.text})
+            return generations
+
+        agent._generate = logged  # type: ignore[method-assign]
         items = [(q, "forget") for q in corpus.sample_queries("forget", n, 0)] + [
             (q, "retain") for q in corpus.sample_queries("retain", n, 0)]
         records = []
@@ -85,46 +118,159 @@ def run_mode(mode: str, n: int, substrate: str, model_path: str | None, out: Pat
         agent.run(items, records.append)
         elapsed = time.perf_counter() - started
     result = {
-        "mode": mode,
-        "model": model.path,
-        "trajectories": len(records),
-        "seconds": elapsed,
-        "trajectories_per_s": len(records) / elapsed,
+        "mode": mode, "substrate": substrate, "batch_size": config.batch_size, "model": model.path,
+        "trajectories": len(records), "seconds": elapsed, "trajectories_per_s": len(records) / elapsed,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "records": {r.query_id: r.model_dump() for r in records},
+        "records": {r.query_id: r.model_dump() for r in records}, "calls": calls,
     }
+    if mode == "engine":
+        stats = backend._engine.stats
+        result["engine"] = vars(stats) | {"generated_tokens_per_s": stats.generated_tokens / elapsed}
     out.write_text(json.dumps(result))
+
+
+@torch.inference_mode()
+def raw_generate_rate(model_path: str | None, prompts: list[Conversation], max_new_tokens: int) -> dict:
+    """Tokens/s of one raw batched `generate` (no stop strings) and its prefill/decode split."""
+    _, config = _model_config(model_path, GENERATE_ENGINE)
+    model, tokenizer = load_model(config)
+    tokenizer.padding_side = "left"
+    encoded = tokenizer([render_prompt(tokenizer, c) for c in prompts], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+    eos = end_of_turn_ids(model, tokenizer)
+    started = time.perf_counter()
+    model(**encoded, logits_to_keep=1)
+    prefill = time.perf_counter() - started
+    started = time.perf_counter()
+    output = model.generate(**encoded, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                            pad_token_id=tokenizer.pad_token_id)
+    seconds = time.perf_counter() - started
+    new = output[:, encoded["input_ids"].shape[1]:]
+    tokens = int(sum(next((i + 1 for i, t in enumerate(row.tolist()) if t in eos), len(row)) for row in new))
+    return {"rows": len(prompts), "prompt_tokens": int(encoded["attention_mask"].sum()), "tokens": tokens,
+            "seconds": seconds, "tokens_per_s": tokens / seconds, "prefill_seconds": prefill}
+
+
+@torch.inference_mode()
+def near_tie_gap(model_path: str | None, conversation: Conversation, reference: str, other: str) -> float:
+    """Top-2 logit gap, in a batch-1 full recompute, at the first token where two replies part."""
+    _, config = _model_config(model_path, GENERATE_ENGINE)
+    model, tokenizer = _cached_model(config)
+    prompt = encode_prompt(tokenizer, conversation)
+    common = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), min(len(reference), len(other)))
+    tokens: list[int] = []
+    while True:  # greedy from the prompt until the decoded text leaves the common part
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, -1].float()
+        top = torch.topk(logits, 2).values
+        token = int(logits.argmax())
+        text = tokenizer.decode(tokens + [token], skip_special_tokens=True)
+        if len(text) > common or token in end_of_turn_ids(model, tokenizer) or len(tokens) > 256:
+            return float(top[0] - top[1])
+        tokens.append(token)
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def _cached_model(config):
+    if config.path not in _MODELS:
+        _MODELS[config.path] = load_model(config)
+    return _MODELS[config.path]
+
+
+def equivalence(model_path: str | None, reference: dict, engine: dict) -> dict:
+    """Identical traces between two runs, and the near-tie gap of every one that differs."""
+    same, gaps = 0, []
+    for query_id, record in reference["records"].items():
+        if engine["records"].get(query_id) == record:
+            same += 1
+            continue
+        for ref_call, eng_call in zip(reference["calls"][query_id], engine["calls"][query_id]):
+            if ref_call["reply"] != eng_call["reply"]:
+                gap = near_tie_gap(model_path, ref_call["conversation"], ref_call["reply"], eng_call["reply"])
+                gaps.append({"query_id": query_id, "gap": gap})
+                break
+    return {"identical": same, "trajectories": len(reference["records"]), "differing": gaps,
+            "near_ties": sum(g["gap"] < 1e-3 for g in gaps)}
+
+
+def spawn(mode: str, args: argparse.Namespace, substrate: str, batch_size: int, scratch: str) -> dict:
+    out = Path(scratch, f"{mode}-{substrate}-{batch_size}.json")
+    command = [sys.executable, __file__, "--mode", mode, "--n", str(args.n), "--substrate", substrate,
+               "--batch-size", str(batch_size), "--out", str(out)]
+    subprocess.run(command + (["--model", args.model] if args.model else []), check=True)
+    return json.loads(out.read_text())
+
+
+def _rate(runs: list[dict]) -> str:
+    rates = [r["trajectories_per_s"] for r in runs]
+    spread = f" ± {statistics.stdev(rates):.3f}" if len(rates) > 1 else ""
+    return f"{statistics.mean(rates):.3f}{spread} trajectories/s over {len(rates)} run(s)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=8, help="queries per split")
-    parser.add_argument("--substrate", default="R-struct")
+    parser.add_argument("--n", type=int, default=16, help="queries per split")
+    parser.add_argument("--substrates", nargs="+", default=["C", "R-struct"])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--batch-size", type=int, default=16, help="lockstep and engine batch size")
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[], help="engine batch-size sweep")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each mode (the spread is reported)")
     parser.add_argument("--model", help="model folder (default: the agent base if built, else the default model)")
-    parser.add_argument("--mode", choices=["published", "lockstep"], help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--substrate", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        run_mode(args.mode, args.n, args.substrate, args.model, args.out)
+        run_mode(args.mode, args.n, args.substrate, args.batch_size, args.model, args.out)
         return
-    results = {}
+    report: dict[str, Any] = {"n_per_split": args.n, "torch_threads": torch.get_num_threads(), "substrates": {}}
     with tempfile.TemporaryDirectory() as scratch:
-        for mode in ("published", "lockstep"):
-            out = Path(scratch, f"{mode}.json")
-            command = [sys.executable, __file__, "--mode", mode, "--n", str(args.n),
-                       "--substrate", args.substrate, "--out", str(out)]
-            subprocess.run(command + (["--model", args.model] if args.model else []), check=True)
-            results[mode] = json.loads(out.read_text())
-    published, lockstep = results["published"], results["lockstep"]
-    same = sum(published["records"][q] == lockstep["records"].get(q) for q in published["records"])
-    print(f"model: {lockstep['model']}  substrate: {args.substrate}  trajectories: {lockstep['trajectories']}"
-          f"  torch threads: {torch.get_num_threads()}")
-    for mode in ("published", "lockstep"):
-        r = results[mode]
-        print(f"{mode:>10}: {r['trajectories_per_s']:.3f} trajectories/s ({r['seconds']:.1f} s), "
-              f"peak RSS {r['peak_rss_mb']:.0f} MB")
-    print(f"speed-up: {lockstep['trajectories_per_s'] / published['trajectories_per_s']:.2f}x")
-    print(f"identical traces: {same}/{len(published['records'])} = {same / len(published['records']):.2f}")
+        for substrate in args.substrates:
+            runs = {m: [spawn(m, args, substrate, args.batch_size, scratch) for _ in range(args.repeats)]
+                    for m in args.modes}
+            entry: dict[str, Any] = {}
+            print(f"== {substrate}: {2 * args.n} trajectories, batch {args.batch_size}")
+            for mode, results in runs.items():
+                entry[mode] = {k: [r[k] for r in results] for k in ("trajectories_per_s", "seconds", "peak_rss_mb")}
+                print(f"{mode:>10}: {_rate(results)}, peak RSS {max(r['peak_rss_mb'] for r in results):.0f} MB")
+            if "engine" in runs:
+                first = runs["engine"][0]
+                stats = first["engine"]
+                prompts = [calls[0]["conversation"] for calls in list(first["calls"].values())[: args.batch_size]]
+                raw = raw_generate_rate(args.model, prompts, 96)
+                efficiency = stats["generated_tokens_per_s"] / raw["tokens_per_s"]
+                entry["engine_stats"], entry["raw_generate"], entry["harness_efficiency"] = stats, raw, efficiency
+                print(f"    engine: prefill {stats['prefill_seconds']:.1f} s ({stats['prefill_tokens']} tokens fed, "
+                      f"{stats['reused_tokens']} reused), decode {stats['decode_seconds']:.1f} s "
+                      f"({stats['decode_passes']} passes); {stats['generated_tokens_per_s']:.1f} generated tokens/s")
+                print(f"    raw generate at batch {raw['rows']}: {raw['tokens_per_s']:.1f} tokens/s "
+                      f"(prefill {raw['prefill_seconds']:.1f} s of {raw['seconds']:.1f} s); "
+                      f"harness efficiency {efficiency:.2f}")
+            for mode in ("lockstep", "published"):
+                if mode in runs and mode != "engine" and "engine" in runs:
+                    ratio = statistics.mean(r["trajectories_per_s"] for r in runs["engine"]) / statistics.mean(
+                        r["trajectories_per_s"] for r in runs[mode])
+                    entry[f"engine_over_{mode}"] = ratio
+                    print(f"    engine / {mode}: {ratio:.2f}x")
+            if "lockstep" in runs and "engine" in runs:
+                eq = equivalence(args.model, runs["lockstep"][0], runs["engine"][0])
+                entry["equivalence"] = eq
+                print(f"    identical traces (engine vs lockstep): {eq['identical']}/{eq['trajectories']}; "
+                      f"differing: {len(eq['differing'])}, of which near ties (gap < 1e-3): {eq['near_ties']}; "
+                      f"gaps {[round(g['gap'], 5) for g in eq['differing']]}")
+            sweep = {}
+            for size in args.batch_sizes:
+                result = spawn("engine", args, substrate, size, scratch)
+                sweep[size] = {k: result[k] for k in ("trajectories_per_s", "seconds", "peak_rss_mb")}
+                print(f"    engine batch {size:>3}: {result['trajectories_per_s']:.3f} trajectories/s, "
+                      f"peak RSS {result['peak_rss_mb']:.0f} MB")
+            if sweep:
+                entry["batch_sweep"] = sweep
+            report["substrates"][substrate] = entry
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

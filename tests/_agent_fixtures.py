@@ -71,7 +71,8 @@ class ScriptedBackend(Backend):
         self.summary = summary
         self.calls: list[int] = []
 
-    def generate(self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int) -> list[Generation]:
+    def generate(self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int,
+                 **_: object) -> list[Generation]:
         self.calls.append(len(conversations))
         out = []
         for conversation in conversations:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def backend(params, default_model):  # noqa: F811
+def model_config(params, default_model):  # noqa: F811
     """The agent base when it was built (multi-step trajectories), else the raw default model."""
     from kbench.parametric.agent_base import agent_model_config
     from kbench.backends.packaged import is_model_folder
@@ -20,7 +20,12 @@ def backend(params, default_model):  # noqa: F811
     model = agent_model_config(params)
     if not is_model_folder(model.path):
         model = params.model.model_copy(update={"path": str(default_model)})
-    return build_backend(model.model_copy(update={"device": "cpu", "dtype": "float32"}))
+    return model.model_copy(update={"device": "cpu", "dtype": "float32"})
+
+
+@pytest.fixture(scope="module")
+def backend(model_config):
+    return build_backend(model_config)
 
 
 @pytest.mark.parametrize("substrate", ["C", "R-text"])
@@ -40,3 +45,23 @@ def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus,
         agent.run(items, records.append)
         traces[batch_size] = sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
     assert traces[3] == traces[1]
+
+
+@pytest.mark.parametrize("substrate", ["C", "R-struct"])
+def test_kv_engine_traces_equal_the_generate_harness(substrate, backend, model_config, small_corpus, params,
+                                                     index_dir):  # noqa: F811
+    """The KV engine (cache kept across steps, shared prefixes) against `generate` on whole prompts."""
+    backends = {"kv": backend, "generate": build_backend(model_config.model_copy(update={"engine": "generate"}))}
+    items = [(q, "forget") for q in small_corpus.sample_queries("forget", 3, 2)]
+    config = params.agent.model_copy(update={"batch_size": 3, "max_new_tokens": 32,
+                                             "summary_max_new_tokens": 16, "max_iters": 3})
+    traces = {}
+    for engine, engine_backend in backends.items():
+        agent = ReActAgent(
+            engine_backend, build_substrate(substrate, small_corpus, config, seed=0, index_dir=index_dir),
+            build_method("none", MethodContext(small_corpus, params, 0)), config, seed=0,
+        )
+        records = []
+        agent.run(items, records.append)
+        traces[engine] = sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
+    assert traces["kv"] == traces["generate"]

@@ -65,7 +65,7 @@ def test_observations_go_back_to_the_model_as_user_turns(small_corpus, params, q
     seen = []
 
     class Recording(ScriptedBackend):
-        def generate(self, conversations, *, stop, max_new_tokens):
+        def generate(self, conversations, *, stop, max_new_tokens, **_):
             seen.extend(conversations)
             return super().generate(conversations, stop=stop, max_new_tokens=max_new_tokens)
 
@@ -100,7 +100,7 @@ def test_a_good_call_resets_the_tool_error_count(small_corpus, params, queries):
 
 def test_lockstep_batches_shrink_as_trajectories_finish(small_corpus, params, queries):  # noqa: F811
     class Staggered(ScriptedBackend):
-        def generate(self, conversations, *, stop, max_new_tokens):
+        def generate(self, conversations, *, stop, max_new_tokens, **_):
             if not stop:
                 return super().generate(conversations, stop=stop, max_new_tokens=max_new_tokens)
             self.step_calls.append(len(conversations))
@@ -126,7 +126,7 @@ def test_lockstep_batches_shrink_as_trajectories_finish(small_corpus, params, qu
 
 def test_summary_failure_is_recorded(small_corpus, params, queries):  # noqa: F811
     class FailingSummary(ScriptedBackend):
-        def generate(self, conversations, *, stop, max_new_tokens):
+        def generate(self, conversations, *, stop, max_new_tokens, **_):
             if not stop:
                 raise ConnectionError("endpoint went away")
             return super().generate(conversations, stop=stop, max_new_tokens=max_new_tokens)
@@ -137,7 +137,7 @@ def test_summary_failure_is_recorded(small_corpus, params, queries):  # noqa: F8
 
 def test_reasoning_from_the_endpoint_is_recorded_as_thought(small_corpus, params, queries):  # noqa: F811
     class Reasoning(ScriptedBackend):
-        def generate(self, conversations, *, stop, max_new_tokens):
+        def generate(self, conversations, *, stop, max_new_tokens, **_):
             return [Generation(g.text, "hidden reasoning") if stop else g
                     for g in super().generate(conversations, stop=stop, max_new_tokens=max_new_tokens)]
 

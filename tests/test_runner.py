@@ -34,7 +34,7 @@ class CrashingBackend(ScriptedBackend):
         super().__init__(["Final Answer: x"])
         self.crash_at = crash_at
 
-    def generate(self, conversations, *, stop, max_new_tokens):
+    def generate(self, conversations, *, stop, max_new_tokens, **_):
         if len(self.calls) + 1 == self.crash_at:
             raise KeyboardInterrupt
         return super().generate(conversations, stop=stop, max_new_tokens=max_new_tokens)

@@ -19,11 +19,13 @@ from kbench.names import (
     FIELD_AWARE_RULE,
     GOLD_METHOD,
     HF_BACKEND,
+    KV_ENGINE,
     P_RECIPES,
     SPEC_ANSWER_RULE,
     STRUCT_RETRIEVAL,
     TEXT_RETRIEVAL,
     AnswerRule,
+    DecodeEngine,
     PRecipe,
 )
 from kbench.records import FIELDS
@@ -79,6 +81,9 @@ class ModelConfig(_Section):
     #: openai backend only: requests in flight at once for one batch, and each one's timeout.
     max_concurrent_requests: int = Field(8, ge=1)
     request_timeout_s: float = Field(120.0, gt=0)
+    #: hf backend only: "kv", the KV engine (caches kept across ReAct steps, shared prompt
+    #: prefixes); "generate", transformers' `generate` on the whole prompt at every step.
+    engine: DecodeEngine = KV_ENGINE
 
     @property
     def name(self) -> str:

@@ -39,3 +39,11 @@ FIELD_AWARE_RULE, STRICT_RULE = "field-aware", "strict"
 AnswerRule = Literal["spec", "lenient"]
 ANSWER_RULES: tuple[str, ...] = get_args(AnswerRule)
 SPEC_ANSWER_RULE, LENIENT_ANSWER_RULE = ANSWER_RULES
+
+#: How the hf backend decodes (`kbench.backends.hf`, docs/agent.md): the KV engine, which keeps
+#: each trajectory's cache across ReAct steps and shares prompt prefixes (the default), or
+#: transformers' `generate`, which re-encodes every prompt (the reference the engine is checked
+#: against, and a fallback for a model whose cache the engine cannot hold).
+DecodeEngine = Literal["kv", "generate"]
+DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
+KV_ENGINE, GENERATE_ENGINE = DECODE_ENGINES

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from kbench.agent.parser import parse_step
 from kbench.agent.prompts import OBSERVATION_PREFIX, observation_turn, react_conversation, summary_conversation
@@ -34,6 +35,8 @@ class Trajectory:
     answer: str | None = None
     halted_reason: str | None = None
     tool_errors_in_a_row: int = 0
+    #: What the backend keeps between this trajectory's steps (its KV cache), or None.
+    session: Any = None
     summary: str | None = None
     summary_error: str | None = None
 
@@ -59,14 +62,24 @@ class ReActAgent:
 
     # -- generation with the method's hooks --------------------------------------------
     def _generate(
-        self, queries: Sequence[Query], conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
+        self,
+        queries: Sequence[Query],
+        conversations: Sequence[Conversation],
+        *,
+        stop: Sequence[str],
+        max_new_tokens: int,
+        sessions: Sequence[Any] | None = None,
     ) -> list[Generation]:
         hooks = self.method.hooks
         if "input" in hooks:
             conversations = [self.method.rewrite_input(q, c) for q, c in zip(queries, conversations)]
         forward = self.method.forward_hooks(self.backend, queries) if "forward" in hooks else nullcontext()
         with forward:
-            generations = self.backend.generate(conversations, stop=stop, max_new_tokens=max_new_tokens)
+            # A forward hook may treat queries differently, so prompts of other queries share no cache.
+            generations = self.backend.generate(
+                conversations, stop=stop, max_new_tokens=max_new_tokens, sessions=sessions,
+                share_prefixes="forward" not in hooks,
+            )
         if "output" in hooks:
             generations = [
                 Generation(self.method.filter_output(q, g.text), g.reasoning)
@@ -82,6 +95,7 @@ class ReActAgent:
             split=split,
             conversation=react_conversation(query.question, bios, self.config.max_iters),
             tools=ToolContext(self.substrate, query, self.config.retrieval_top_k),
+            session=self.backend.session(),
         )
 
     def advance(self, trajectory: Trajectory, generation: Generation) -> None:
@@ -120,9 +134,12 @@ class ReActAgent:
             [t.conversation for t in trajectories],
             stop=[OBSERVATION_PREFIX],
             max_new_tokens=self.config.max_new_tokens,
+            sessions=None if trajectories[0].session is None else [t.session for t in trajectories],
         )
         for trajectory, generation in zip(trajectories, generations):
             self.advance(trajectory, generation)
+            if trajectory.done:
+                trajectory.session = None  # its cache is not needed any more
 
     def summarize_batch(self, trajectories: Sequence[Trajectory]) -> None:
         """The elicited summary: a fresh prompt per entity that sees the same substrate."""

@@ -49,8 +49,21 @@ class Backend(ABC):
 
     @abstractmethod
     def generate(
-        self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
-    ) -> list[Generation]: ...
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        stop: Sequence[str],
+        max_new_tokens: int,
+        sessions: Sequence[Any] | None = None,
+        share_prefixes: bool = True,
+    ) -> list[Generation]:
+        """Continuations of `conversations`. `sessions` (one per conversation, from `session`)
+        carry what a backend keeps between one sequence's calls, such as its KV cache;
+        `share_prefixes` lets a backend reuse work across conversations that start alike."""
+
+    def session(self) -> Any | None:
+        """What the backend keeps for one trajectory across its calls (None: nothing)."""
+        return None
 
     def load_adapter(self, path: str, *, merge: bool = False) -> None:
         raise BackendError(f"the {self.name} backend cannot load a LoRA adapter ({path})")

@@ -1,16 +1,16 @@
 """`hf`: a local transformers causal LM, any HF folder (SmolLM2-135M on CPU, Llama-3.1-8B on GPU).
 
 This module is the project's one HF model loader (`load_model`, honouring `model.dtype` and
-`model.device`) and its one greedy decoder (`greedy_decode`): the agent's cells, the agent
-base, the injection recall probes and calibration all load and decode through them.
+`model.device`) and its one greedy decoder (`greedy_decode`, over the KV engine of
+`kbench.backends.engine`): the agent's cells, the agent base, the injection recall probes and
+calibration all load and decode through them.
 
-Decoding is greedy with a KV cache; `generate` keeps only the last position's logits
-(`logits_to_keep=1`) on models that support it. Prompts are left-padded so every row's next
-token sits in the last column; the attention mask hides the padding and `generate` derives
-position ids from it, so a padded row computes the same continuation as the row alone
-(checked by tests/test_agent_lockstep.py). The shared system-prompt prefix is not cached
-across rows: splicing a cached prefix under left padding shifts positions and breaks the
-batched-equals-batch-1 guarantee, and for the default model prefill is a small part of a step.
+The backend decodes with the engine by default (`model.engine: kv`): each trajectory's cache
+is kept across its ReAct steps (`Backend.session`) and prompts that start alike share one
+prefilled prefix. `model.engine: generate` runs transformers' `generate` on the whole
+left-padded prompt at every step instead (`reference_decode`): the harness as it was before
+the engine, the reference the engine is checked against (benchmarks/agent_throughput.py).
+Either way a padded row computes what the row alone would (tests/test_agent_lockstep.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from kbench.backends.base import (
     register_backend,
     truncate_at_stop,
 )
+from kbench.backends.engine import Engine, KVState
 from kbench.config import ModelConfig
-from kbench.names import HF_BACKEND
+from kbench.names import GENERATE_ENGINE, HF_BACKEND
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: End-of-turn markers of common chat templates (ChatML, Llama 3, Mistral, Gemma).
@@ -85,7 +86,11 @@ def render_prompt(tokenizer: Any, conversation: Conversation) -> str:
     return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
 
 
-@torch.inference_mode()
+def encode_prompt(tokenizer: Any, conversation: Conversation) -> list[int]:
+    """The prompt's token ids, as a batch of one would tokenize it."""
+    return tokenizer(render_prompt(tokenizer, conversation), add_special_tokens=False)["input_ids"]
+
+
 def greedy_decode(
     model: Any,
     tokenizer: Any,
@@ -95,34 +100,61 @@ def greedy_decode(
     stop: Sequence[str] = (),
     batch_size: int | None = None,
     eos_token_ids: Sequence[int] | None = None,
+    engine: Engine | None = None,
+    states: Sequence[KVState] | None = None,
+    share_prefixes: bool = True,
 ) -> list[str]:
     """Greedy continuations of chats, `batch_size` at a time (default: all in one batch).
 
-    Prompts are left-padded, so every row's next token sits in the last column. A row ends
-    at an end-of-turn token (`eos_token_ids`, default `end_of_turn_ids`) or at the first `stop`
-    string (the text is cut before it).
+    A row ends at an end-of-turn token (`eos_token_ids`, default `end_of_turn_ids`) or at
+    the first `stop` string (the text is cut before it). `states` (one per conversation)
+    keep each sequence's cache for its next call; `engine` keeps shared prefixes across calls.
     """
     if not conversations:
         return []
+    if engine is None:
+        ids = end_of_turn_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids
+        engine = Engine(model, tokenizer, ids)
+    states = [KVState() for _ in conversations] if states is None else states
+    prompts = [encode_prompt(tokenizer, c) for c in conversations]
+    size = batch_size or len(conversations)
+    texts: list[str] = []
+    for start in range(0, len(conversations), size):
+        outputs = engine.generate(
+            states[start : start + size], prompts[start : start + size],
+            max_new_tokens=max_new_tokens, stop=stop, share_prefixes=share_prefixes,
+        )
+        texts += [truncate_at_stop(tokenizer.decode(o, skip_special_tokens=True), stop) for o in outputs]
+    return texts
+
+
+@torch.inference_mode()
+def reference_decode(
+    model: Any,
+    tokenizer: Any,
+    conversations: Sequence[Conversation],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    eos_token_ids: Sequence[int],
+) -> list[str]:
+    """transformers' `generate` on the whole left-padded prompts, with its stop strings: what
+    the harness did before the KV engine, kept as the engine's reference (`model.engine: generate`)."""
     tokenizer.padding_side = "left"
     device = next(model.parameters()).device
     config = GenerationConfig(
         do_sample=False,
         max_new_tokens=max_new_tokens,
-        eos_token_id=list(eos_token_ids) if eos_token_ids is not None else end_of_turn_ids(model, tokenizer),
+        eos_token_id=list(eos_token_ids),
         pad_token_id=tokenizer.pad_token_id,
         stop_strings=list(stop) or None,
         use_cache=True,
     )
-    size = batch_size or len(conversations)
-    texts: list[str] = []
-    for start in range(0, len(conversations), size):
-        prompts = [render_prompt(tokenizer, c) for c in conversations[start : start + size]]
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        output = model.generate(**encoded, generation_config=config, tokenizer=tokenizer)
-        new_tokens = output[:, encoded["input_ids"].shape[1] :]
-        texts += [truncate_at_stop(t, stop) for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
-    return texts
+    prompts = [render_prompt(tokenizer, c) for c in conversations]
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    output = model.generate(**encoded, generation_config=config, tokenizer=tokenizer)
+    new_tokens = output[:, encoded["input_ids"].shape[1] :]
+    return [truncate_at_stop(t, stop) for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
 
 
 @register_backend(HF_BACKEND)
@@ -137,8 +169,10 @@ class HFBackend(Backend):
         tokenizer.padding_side = "left"
         self._tokenizer = tokenizer
         self._model = model
+        self._reference = config.engine == GENERATE_ENGINE
         # Found once: a vocabulary scan per ReAct step would sit on the agent's hot path.
         self._end_of_turn_ids = end_of_turn_ids(model, tokenizer)
+        self._engine = Engine(model, tokenizer, self._end_of_turn_ids)
 
     @property
     def model(self) -> Any:
@@ -160,12 +194,29 @@ class HFBackend(Backend):
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load the LoRA adapter at {path!r}: {exc}") from None
         self._model = (wrapped.merge_and_unload() if merge else wrapped).eval()
+        self._engine = Engine(self._model, self._tokenizer, self._end_of_turn_ids)
+
+    def session(self) -> KVState | None:
+        """A fresh KV state for one trajectory (None under `model.engine: generate`)."""
+        return None if self._reference else KVState()
 
     def generate(
-        self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        stop: Sequence[str],
+        max_new_tokens: int,
+        sessions: Sequence[Any] | None = None,
+        share_prefixes: bool = True,
     ) -> list[Generation]:
-        texts = greedy_decode(
-            self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop,
-            eos_token_ids=self._end_of_turn_ids,
-        )
+        if self._reference:
+            texts = reference_decode(
+                self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop,
+                eos_token_ids=self._end_of_turn_ids,
+            )
+        else:
+            texts = greedy_decode(
+                self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop,
+                engine=self._engine, states=sessions, share_prefixes=share_prefixes,
+            )
         return [Generation(text) for text in texts]

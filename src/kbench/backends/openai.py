@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from kbench.backends.base import (
     Backend,
@@ -60,8 +61,15 @@ class OpenAIBackend(Backend):
         return Generation(truncate_at_stop(message.content or "", stop), reasoning)
 
     def generate(
-        self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        stop: Sequence[str],
+        max_new_tokens: int,
+        sessions: Sequence[Any] | None = None,
+        share_prefixes: bool = True,
     ) -> list[Generation]:
+        """Concurrent requests; the server keeps no state per trajectory (`sessions` unused)."""
         if not conversations:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:

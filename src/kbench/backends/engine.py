@@ -1,0 +1,356 @@
+"""The KV engine: batched greedy decoding over per-trajectory KV caches (docs/agent.md).
+
+A ReAct trajectory's prompt at step k+1 is its prompt at step k, the model's reply and an
+observation turn. Re-encoding all of it at every step (what `transformers.generate` does)
+repeats most of the work. The engine keeps each trajectory's keys and values in a `KVState`.
+For the next prompt it takes the longest common token prefix with what the state holds, crops
+the state to it and prefills only the rest. Prompts that start alike (the system prompt of
+every query on R-text, R-struct and P; the summary prompt) share one prefilled prefix.
+
+Every forward pass is the plain left-padded form that `generate` uses, so a padded row
+computes what the row alone would. A batch never holds holes. When rows have different
+numbers of new tokens, each row re-feeds a few cached tokens until all rows have the same
+number. Rows with far more new tokens than the rest are prefilled in a group of their own.
+Positions follow the attention mask, as in `generate`. States never change a tensor in
+place, so a `Checkpoint` is a token offset plus references, and `restore` is exact.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+#: Shared prefixes shorter than this are not worth a forward pass of their own.
+MIN_SHARED_PREFIX = 16
+#: Shared prefixes the engine keeps (least recently used dropped first).
+MAX_SHARED_PREFIXES = 4
+
+Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A state as it was: its token ids and references to its tensors (nothing copied)."""
+
+    #: The token ids the keys and values cover.
+    tokens: tuple[int, ...]
+    #: Per layer, (keys, values) of shape (1, kv heads, len(tokens), head dim).
+    layers: Layers
+
+
+@dataclass
+class KVState:
+    """One sequence's KV cache: the keys and values of every token in `tokens`, per layer."""
+
+    #: Token ids whose keys and values the state holds, in order.
+    tokens: list[int] = field(default_factory=list)
+    #: Per layer, (keys, values) of shape (1, kv heads, len(tokens), head dim); () when empty.
+    layers: Layers = ()
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens (views: no copy)."""
+        if length >= self.length:
+            return
+        self.tokens = self.tokens[:length]
+        self.layers = tuple((k[:, :, :length], v[:, :, :length]) for k, v in self.layers) if length else ()
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(tuple(self.tokens), self.layers)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        self.tokens = list(checkpoint.tokens)
+        self.layers = checkpoint.layers
+
+    def _adopt(self, other: KVState, length: int) -> None:
+        self.tokens = other.tokens[:length]
+        self.layers = other.layers
+        self.crop(length)
+
+
+@dataclass
+class EngineStats:
+    """What an engine has computed so far (benchmarks/agent_throughput.py reads it)."""
+
+    #: Forward passes that fed prompt tokens, and the seconds they took.
+    prefill_passes: int = 0
+    prefill_seconds: float = 0.0
+    #: Prompt tokens fed (padding excluded), and prompt tokens a state already held.
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    #: Forward passes of one token per row, and the seconds they took.
+    decode_passes: int = 0
+    decode_seconds: float = 0.0
+    #: Tokens chosen (every row's first token comes from its prefill pass).
+    generated_tokens: int = 0
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _unwrap(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class Engine:
+    """Greedy decoding for an HF causal LM over `KVState`s (one per sequence)."""
+
+    def __init__(self, model: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.pad_token_id = tokenizer.pad_token_id
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(_unwrap(model).forward).parameters
+        self._prefixes: list[KVState] = []
+        self.stats = EngineStats()
+        #: Rows (indices into the current call's states) of the forward pass running now, so
+        #: a forward hook can tell which sequence each batch row is; () for a shared prefix.
+        self.active_rows: tuple[int, ...] = ()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def clear_prefixes(self) -> None:
+        """Forget every shared prefix (call after the weights or the hooks change)."""
+        self._prefixes = []
+
+    # -- forward passes ------------------------------------------------------------------
+    def _forward(self, rows: Sequence[int], states: Sequence[KVState], new: Sequence[Sequence[int]]) -> _Batch:
+        """Feed `new[j]` after `states[j]`: rows bring the same number of new tokens, or a
+        fresh state is left-padded. The states then hold views into the batch's cache."""
+        width = max(s.length for s in states)
+        held = sum(s.length for s in states)
+        count = max(len(n) for n in new)
+        device = self.device
+        mask = torch.zeros(len(states), width + count, dtype=torch.long, device=device)
+        ids = torch.full((len(states), count), self.pad_token_id, dtype=torch.long, device=device)
+        for j, (state, tokens) in enumerate(zip(states, new)):
+            mask[j, width - state.length : width] = 1
+            mask[j, width + count - len(tokens) :] = 1
+            ids[j, count - len(tokens) :] = torch.tensor(tokens, dtype=torch.long, device=device)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, width:]
+        batch = _Batch(list(rows), _assemble(states, width), mask, None)  # type: ignore[arg-type]
+        started = time.perf_counter()
+        batch.logits = self._run(batch, ids, positions)
+        self.stats.prefill_passes += 1
+        self.stats.prefill_seconds += time.perf_counter() - started
+        self.stats.prefill_tokens += sum(len(t) for t in new)
+        self.stats.reused_tokens += held
+        layers = _layers(batch.cache)
+        for j, (state, tokens) in enumerate(zip(states, new)):
+            total = state.length + len(tokens)
+            state.tokens = [*state.tokens, *tokens]
+            state.layers = tuple((k[j : j + 1, :, -total:], v[j : j + 1, :, -total:]) for k, v in layers)
+        return batch
+
+    def _run(self, batch: _Batch, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One forward pass of the model; the last position's logits, (rows, vocab)."""
+        self.active_rows = tuple(batch.rows)
+        kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        try:
+            output = self.model(
+                input_ids=ids, attention_mask=batch.mask, position_ids=positions, cache=batch.cache,
+                use_cache=True, **kwargs,
+            )
+        finally:
+            self.active_rows = ()
+        return output.logits[:, -1, :].float()
+
+    # -- prefill -------------------------------------------------------------------------
+    def _reuse(self, states: Sequence[KVState], prompts: Sequence[Sequence[int]], share: bool) -> None:
+        """Crop each state to its common prefix with its prompt (keeping one token to feed);
+        a fresh state starts from the best shared prefix."""
+        fresh = []
+        for i, (state, prompt) in enumerate(zip(states, prompts)):
+            if state.length == 0 and share:
+                fresh.append(i)
+            state.crop(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
+        if not fresh:
+            return
+        shared = [prompts[i] for i in fresh]
+        if len(shared) > 1:
+            n = min(min(common_prefix(shared[0], p) for p in shared[1:]), min(len(p) for p in shared) - 1)
+            if n >= MIN_SHARED_PREFIX and not any(common_prefix(p.tokens, shared[0]) >= n for p in self._prefixes):
+                prefix = KVState()
+                self._forward((), [prefix], [list(shared[0][:n])])
+                prefix.layers = tuple((k.clone(), v.clone()) for k, v in prefix.layers)
+                self._prefixes.insert(0, prefix)
+                del self._prefixes[MAX_SHARED_PREFIXES:]
+        for i in fresh:
+            best, length = None, 0
+            for prefix in self._prefixes:
+                n = min(common_prefix(prefix.tokens, prompts[i]), len(prompts[i]) - 1)
+                if n > length:
+                    best, length = prefix, n
+            if best is not None and length >= MIN_SHARED_PREFIX:
+                states[i]._adopt(best, length)
+                self._prefixes.remove(best)
+                self._prefixes.insert(0, best)
+
+    @staticmethod
+    def _groups(pending: Sequence[int]) -> list[list[int]]:
+        """Rows grouped for prefill: a row whose new tokens are fewer than half the group's
+        longest starts a new group, so short rows do not pad up to a long one."""
+        order = sorted(range(len(pending)), key=lambda i: -pending[i])
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and 2 * pending[i] >= pending[groups[-1][0]]:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+
+    def _prefill(self, states: Sequence[KVState], prompts: Sequence[Sequence[int]], share: bool) -> _Batch:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("the engine cannot prefill an empty prompt")
+        self._reuse(states, prompts, share)
+        pending = [len(p) - s.length for s, p in zip(states, prompts)]
+        batches = []
+        for rows in self._groups(pending):
+            count = max(pending[i] for i in rows)
+            for i in rows:  # re-feed cached tokens so every row brings `count` new ones
+                states[i].crop(max(0, len(prompts[i]) - count))
+            batches.append(self._forward(rows, [states[i] for i in rows], [prompts[i][states[i].length :] for i in rows]))
+        if len(batches) == 1:
+            return batches[0]
+        rows = [i for b in batches for i in b.rows]
+        width = max(states[i].length for i in rows)
+        mask = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        for j, i in enumerate(rows):
+            mask[j, width - states[i].length :] = 1
+        logits = torch.cat([b.logits for b in batches])
+        return _Batch(rows, _assemble([states[i] for i in rows], width), mask, logits)
+
+    def prefill(
+        self, states: Sequence[KVState], prompts: Sequence[Sequence[int]], *, share_prefixes: bool = True
+    ) -> torch.Tensor:
+        """Make each state hold its prompt; return the next-token logits, (rows, vocab).
+
+        Each state keeps its longest common prefix with its prompt and computes only the rest
+        (at least the last token, whose logits are needed). `share_prefixes` lets fresh states
+        start from a prefix shared with other prompts; turn it off when a forward hook treats
+        sequences differently.
+        """
+        with torch.inference_mode():
+            batch = self._prefill(states, prompts, share_prefixes)
+        order = {i: j for j, i in enumerate(batch.rows)}
+        return batch.logits[[order[i] for i in range(len(states))]]
+
+    # -- decode --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self,
+        states: Sequence[KVState],
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        share_prefixes: bool = True,
+        on_logits: Callable[[int, torch.Tensor], None] | None = None,
+    ) -> list[list[int]]:
+        """Greedy continuations (token ids, end-of-turn token excluded) of each prompt.
+
+        A row ends at an end-of-turn token, at `max_new_tokens`, or at the token that
+        completes a `stop` string (checked on the last few decoded tokens only). Afterwards
+        each state holds its prompt and every generated token but the last. `on_logits(row,
+        logits)` sees each row's next-token logits before each choice.
+        """
+        if not states:
+            return []
+        batch = self._prefill(states, prompts, share_prefixes)
+        tail = max((len(self.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
+        outputs: list[list[int]] = [[] for _ in states]
+        while batch.rows:
+            keep: list[int] = []
+            for j, i in enumerate(batch.rows):
+                if on_logits is not None:
+                    on_logits(i, batch.logits[j])
+                token = int(batch.logits[j].argmax())
+                self.stats.generated_tokens += 1
+                ended = token in self.eos_token_ids
+                if not ended:
+                    outputs[i].append(token)
+                    ended = len(outputs[i]) >= max_new_tokens or bool(stop and self._stopped(outputs[i][-tail:], stop))
+                if ended:  # the state keeps what was fed: the prompt and the tokens before this one
+                    fed = len(prompts[i]) + len(outputs[i]) - (0 if token in self.eos_token_ids else 1)
+                    states[i].tokens = [*prompts[i], *outputs[i]][:fed]
+                    states[i].layers = tuple(
+                        (k[j : j + 1, :, -fed:].clone(), v[j : j + 1, :, -fed:].clone()) for k, v in _layers(batch.cache)
+                    )
+                else:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(batch.rows):
+                batch = batch.select(keep)
+            ids = torch.tensor([[outputs[i][-1]] for i in batch.rows], dtype=torch.long, device=self.device)
+            positions = batch.mask.sum(-1, keepdim=True)
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=-1)
+            started = time.perf_counter()
+            batch.logits = self._run(batch, ids, positions)
+            self.stats.decode_passes += 1
+            self.stats.decode_seconds += time.perf_counter() - started
+        return outputs
+
+    def _stopped(self, tokens: Sequence[int], stop: Sequence[str]) -> bool:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return any(s in text for s in stop)
+
+
+@dataclass
+class _Batch:
+    """Sequences decoded together: a left-padded batch cache and its attention mask."""
+
+    #: The state index of each batch row.
+    rows: list[int]
+    cache: DynamicCache
+    #: (rows, cache width): 1 over each row's tokens, 0 over its left padding.
+    mask: torch.Tensor
+    #: (rows, vocab): each row's next-token logits.
+    logits: torch.Tensor
+
+    def select(self, keep: Sequence[int]) -> _Batch:
+        """The batch with only rows `keep` (copies the cache once)."""
+        index = torch.tensor(keep, device=self.mask.device)
+        cache = DynamicCache()
+        for layer, (k, v) in enumerate(_layers(self.cache)):
+            cache.update(k.index_select(0, index), v.index_select(0, index), layer)
+        return _Batch([self.rows[j] for j in keep], cache, self.mask[index], self.logits[index])
+
+
+def _assemble(states: Sequence[KVState], width: int) -> DynamicCache:
+    """One left-padded batch cache of `width` columns from per-sequence states."""
+    cache = DynamicCache()
+    if width == 0:
+        return cache
+    template = next(s.layers for s in states if s.length)
+    for index, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(states), k0.shape[1], width, k0.shape[3]))
+        values = v0.new_zeros((len(states), v0.shape[1], width, v0.shape[3]))
+        for j, state in enumerate(states):
+            if state.length:
+                k, v = state.layers[index]
+                keys[j, :, width - state.length :] = k[0]
+                values[j, :, width - state.length :] = v[0]
+        cache.update(keys, values, index)
+    return cache
+
+
+def _layers(cache: Any) -> Layers:
+    return tuple((layer.keys, layer.values) for layer in cache.layers)

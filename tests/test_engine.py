@@ -1,0 +1,164 @@
+"""The KV engine (kbench.backends.engine): exact cache reuse, crop and checkpoint, batching, hooks.
+
+On a tiny random Llama in float64, every logit the engine computes from a cache equals a full
+recompute's within 1e-9; its greedy tokens equal transformers' `generate` on the whole prompt.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
+from kbench.backends.engine import MIN_SHARED_PREFIX, Engine, KVState, common_prefix
+from kbench.backends.hf import encode_prompt, end_of_turn_ids, load_model, reference_decode
+from kbench.config import ModelConfig
+
+SYSTEM = "You answer questions about people: their date of birth, home address, occupation and employer."
+QUESTIONS = ["What is it?", "What is the home address of a person called Ann?", "Who?", "What is the occupation?"]
+
+
+def chat(question: str, *turns: str) -> list[dict]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question: {question}"}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "assistant" if i % 2 == 0 else "user", "content": text})
+    return messages
+
+
+@pytest.fixture(scope="module")
+def tiny64(tiny_model_dir):  # noqa: F811
+    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu"))
+    model = model.double()
+    return model, tokenizer, Engine(model, tokenizer, end_of_turn_ids(model, tokenizer))
+
+
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+
+
+def test_cached_logits_equal_a_full_recompute_at_every_step(tiny64):
+    model, tokenizer, engine = tiny64
+    engine.clear_prefixes()
+    states = [KVState() for _ in QUESTIONS]
+    conversations = [chat(q) for q in QUESTIONS]
+    for step in range(3):
+        prompts = [encode_prompt(tokenizer, c) for c in conversations]
+        seen: dict[int, list[torch.Tensor]] = {}
+        outputs = engine.generate(states, prompts, max_new_tokens=6,
+                                  on_logits=lambda row, logits: seen.setdefault(row, []).append(logits))
+        for row, (prompt, output) in enumerate(zip(prompts, outputs)):
+            sequence = list(prompt)
+            for logits, token in zip(seen[row], [*output, None]):
+                assert torch.allclose(logits, full_logits(model, sequence), atol=1e-9, rtol=0)
+                if token is not None:
+                    sequence.append(token)
+            # The state holds the prompt and every generated token but the last.
+            assert states[row].tokens == (prompt + output)[: states[row].length]
+            assert states[row].length >= len(prompt)
+        # The next prompt: the reply as an assistant turn and an observation turn.
+        conversations = [
+            c + [{"role": "assistant", "content": tokenizer.decode(o, skip_special_tokens=True).strip() or "x"},
+                 {"role": "user", "content": f"Observation: result {step} {row}"}]
+            for row, (c, o) in enumerate(zip(conversations, outputs))
+        ]
+
+
+def test_greedy_tokens_equal_generate_on_the_whole_prompt(tiny64, tiny_model_dir):  # noqa: F811
+    model, tokenizer, engine = tiny64
+    conversations = [chat(q) for q in QUESTIONS]
+    eos = end_of_turn_ids(model, tokenizer)
+    reference = reference_decode(model, tokenizer, conversations, max_new_tokens=10, eos_token_ids=eos)
+    states = [KVState() for _ in conversations]
+    outputs = engine.generate(states, [encode_prompt(tokenizer, c) for c in conversations], max_new_tokens=10)
+    assert [tokenizer.decode(o, skip_special_tokens=True) for o in outputs] == reference
+
+
+def test_batched_rows_of_different_lengths_equal_each_row_alone(tiny64):
+    model, tokenizer, engine = tiny64
+    # Rows with caches of different lengths and different numbers of new tokens.
+    prompts = [encode_prompt(tokenizer, chat(q, "Thought: a", "Observation: " + "b " * (3 * i)))
+               for i, q in enumerate(QUESTIONS)]
+    warm = [encode_prompt(tokenizer, chat(q)) for q in QUESTIONS]
+
+    def run(rows):
+        engine.clear_prefixes()
+        states = [KVState() for _ in rows]
+        engine.prefill(states, [warm[i] for i in rows], share_prefixes=False)
+        return engine.generate(states, [prompts[i] for i in rows], max_new_tokens=8, share_prefixes=False)
+
+    batched = run(range(len(QUESTIONS)))
+    assert batched == [run([i])[0] for i in range(len(QUESTIONS))]
+
+
+def test_crop_and_restore_reproduce_the_continuation_token_for_token(tiny64):
+    model, tokenizer, engine = tiny64
+    prompt = encode_prompt(tokenizer, chat(QUESTIONS[1]))
+    state = KVState()
+    engine.prefill([state], [prompt])
+    checkpoint = state.checkpoint()
+    keys = state.layers[0][0]
+    (first,) = engine.generate([state], [prompt], max_new_tokens=12)
+    assert state.layers[0][0] is not keys and checkpoint.layers[0][0] is keys  # nothing overwritten
+    state.restore(checkpoint)
+    assert engine.generate([state], [prompt], max_new_tokens=12) == [first]
+    # Crop into the prompt and regenerate: the same continuation again.
+    state.crop(len(prompt) // 2)
+    assert state.length == len(prompt) // 2 and state.layers[0][0].shape[2] == len(prompt) // 2
+    assert engine.generate([state], [prompt], max_new_tokens=12) == [first]
+
+
+def test_hooks_fire_on_cached_steps_and_see_which_rows_run(tiny64):
+    model, tokenizer, engine = tiny64
+    engine.clear_prefixes()
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    handle = model.model.layers[0].register_forward_hook(
+        lambda module, args, output: calls.append((args[0].shape[1], engine.active_rows)))
+    try:
+        states = [KVState(), KVState()]
+        prompts = [encode_prompt(tokenizer, chat(q)) for q in QUESTIONS[:2]]
+        engine.prefill(states, prompts, share_prefixes=False)
+        calls.clear()
+        longer = [p + encode_prompt(tokenizer, [{"role": "user", "content": "Observation: x"}]) for p in prompts]
+        engine.generate(states, longer, max_new_tokens=3, share_prefixes=False)
+    finally:
+        handle.remove()
+    new_tokens = len(longer[0]) - len(prompts[0])
+    assert calls[0][0] == new_tokens  # the cached prompt is not fed again, only the new tokens
+    assert all(rows for _, rows in calls) and set(calls[0][1]) == {0, 1}
+    assert len(calls) > 1 and all(width == 1 for width, _ in calls[1:])  # decode steps
+
+
+def test_shared_prefix_is_prefilled_once_and_reused(tiny64):
+    model, tokenizer, engine = tiny64
+    engine.clear_prefixes()
+    prompts = [encode_prompt(tokenizer, chat(q)) for q in QUESTIONS]
+    shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    assert shared >= MIN_SHARED_PREFIX
+    states = [KVState() for _ in prompts]
+    together = engine.generate(states, prompts, max_new_tokens=6)
+    assert len(engine._prefixes) == 1 and engine._prefixes[0].length == shared
+    # A later fresh state starts from the stored prefix (a view: no copy) and decodes the same.
+    late = KVState()
+    assert engine.generate([late], [prompts[2]], max_new_tokens=6) == [together[2]]
+    alone = Engine(model, tokenizer, end_of_turn_ids(model, tokenizer))
+    assert alone.generate([KVState()], [prompts[2]], max_new_tokens=6, share_prefixes=False) == [together[2]]
+
+
+def test_stop_strings_end_a_row_where_generate_would(tiny64):
+    model, tokenizer, engine = tiny64
+    conversation = chat(QUESTIONS[0])
+    eos = end_of_turn_ids(model, tokenizer)
+    (full,) = reference_decode(model, tokenizer, [conversation], max_new_tokens=20, eos_token_ids=eos)
+    assert len(full) > 4
+    marker = full[2:5]
+    (reference,) = reference_decode(model, tokenizer, [conversation], max_new_tokens=20, stop=[marker], eos_token_ids=eos)
+    (output,) = engine.generate([KVState()], [encode_prompt(tokenizer, conversation)], max_new_tokens=20, stop=[marker])
+    text = tokenizer.decode(output, skip_special_tokens=True)
+    assert marker in text and text[: text.find(marker)] == reference
+
+
+def test_empty_prompt_is_refused(tiny64):
+    _, _, engine = tiny64
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.prefill([KVState()], [[]])
