@@ -20,7 +20,7 @@ def _keys(data, prefix=""):
     return keys
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/paper.yaml"])
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml"])
 def test_shipped_params_are_valid(name):
     load_params(REPO / name)
 
@@ -31,6 +31,23 @@ def test_presets_set_every_key_and_the_same_keys():
     assert _keys(cpu) == _keys(paper)
     # Every schema key is written out: params.yaml is the single source of truth.
     assert _keys(load_params(REPO / "presets/cpu.yaml").model_dump()) == _keys(cpu)
+
+
+def test_cpu_full_preset_runs_every_method_with_power_and_two_seeds():
+    from kbench.methods import method_names
+    from kbench.observer.power import smallest_p
+    from kbench.observer.verdicts import K_REF, K_REF_INF, K_SUP, MF, reachable_classes
+
+    full = load_params(REPO / "presets/cpu-full.yaml")
+    default = load_params(REPO / "params.yaml")
+    assert sorted(full.methods) == sorted(method_names())
+    assert sorted(full.substrates) == sorted(default.substrates) and full.p_recipes == default.p_recipes
+    assert len(full.seeds) >= 2  # tau is defined
+    lowest = smallest_p(full.queries.n_per_split * len(full.seeds))
+    assert {K_REF_INF, K_REF, K_SUP, MF} <= set(reachable_classes(lowest, full.scoring))
+    # Nothing else differs from the CPU default.
+    changed = {k for k, v in full.model_dump().items() if default.model_dump()[k] != v}
+    assert changed <= {"seeds", "queries", "methods"}
 
 
 def test_paper_preset_is_paper_scale():

@@ -122,7 +122,7 @@ def test_power_command(capsys, tmp_path, monkeypatch):
     assert "kbench power: error: rho 0.7 is not a possible correlation" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/paper.yaml"])
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml"])
 def test_the_params_comment_states_the_n_each_class_needs(name):
     path = REPO / name
     params = load_params(path)
