@@ -131,7 +131,8 @@ def run_mode(mode: str, n: int, substrate: str, batch_size: int, model_path: str
 
 @torch.inference_mode()
 def raw_generate_rate(model_path: str | None, prompts: list[Conversation], max_new_tokens: int) -> dict:
-    """Tokens/s of one raw batched `generate` (no stop strings) and its prefill/decode split."""
+    """One raw batched `generate` (no stop strings): tokens/s and its prefill/decode split;
+    then the same with `stop_strings=["Observation:"]`, for the cost of a decode pass with it."""
     _, config = _model_config(model_path, GENERATE_ENGINE)
     model, tokenizer = load_model(config)
     tokenizer.padding_side = "left"
@@ -141,14 +142,22 @@ def raw_generate_rate(model_path: str | None, prompts: list[Conversation], max_n
     started = time.perf_counter()
     model(**encoded, logits_to_keep=1)
     prefill = time.perf_counter() - started
-    started = time.perf_counter()
-    output = model.generate(**encoded, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                            pad_token_id=tokenizer.pad_token_id)
-    seconds = time.perf_counter() - started
-    new = output[:, encoded["input_ids"].shape[1]:]
-    tokens = int(sum(next((i + 1 for i, t in enumerate(row.tolist()) if t in eos), len(row)) for row in new))
-    return {"rows": len(prompts), "prompt_tokens": int(encoded["attention_mask"].sum()), "tokens": tokens,
-            "seconds": seconds, "tokens_per_s": tokens / seconds, "prefill_seconds": prefill}
+    runs = {}
+    for label, stop in (("no_stop", None), ("stop", ["Observation:"])):
+        started = time.perf_counter()
+        output = model.generate(**encoded, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                pad_token_id=tokenizer.pad_token_id, stop_strings=stop, tokenizer=tokenizer)
+        seconds = time.perf_counter() - started
+        new = output[:, encoded["input_ids"].shape[1]:]
+        tokens = int(sum(next((i + 1 for i, t in enumerate(row.tolist()) if t in eos), len(row)) for row in new))
+        runs[label] = {"seconds": seconds, "tokens": tokens, "passes": new.shape[1],
+                       "ms_per_decode_pass": 1000 * (seconds - prefill) / max(new.shape[1] - 1, 1)}
+    raw = runs["no_stop"]
+    return {"rows": len(prompts), "prompt_tokens": int(encoded["attention_mask"].sum()),
+            "padded_prompt_tokens": int(encoded["attention_mask"].numel()), "prefill_seconds": prefill,
+            "tokens": raw["tokens"], "seconds": raw["seconds"], "tokens_per_s": raw["tokens"] / raw["seconds"],
+            "ms_per_decode_pass": raw["ms_per_decode_pass"],
+            "ms_per_decode_pass_with_stop_strings": runs["stop"]["ms_per_decode_pass"]}
 
 
 @torch.inference_mode()
@@ -248,6 +257,9 @@ def main() -> None:
                 print(f"    raw generate at batch {raw['rows']}: {raw['tokens_per_s']:.1f} tokens/s "
                       f"(prefill {raw['prefill_seconds']:.1f} s of {raw['seconds']:.1f} s); "
                       f"harness efficiency {efficiency:.2f}")
+                print(f"    generate decode pass: {raw['ms_per_decode_pass']:.0f} ms without stop strings, "
+                      f"{raw['ms_per_decode_pass_with_stop_strings']:.0f} ms with them; engine decode pass "
+                      f"{1000 * stats['decode_seconds'] / max(stats['decode_passes'], 1):.0f} ms")
             for mode in ("lockstep", "published"):
                 if mode in runs and mode != "engine" and "engine" in runs:
                     ratio = statistics.mean(r["trajectories_per_s"] for r in runs["engine"]) / statistics.mean(

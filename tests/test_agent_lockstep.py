@@ -28,40 +28,34 @@ def backend(model_config):
     return build_backend(model_config)
 
 
+def traces(backend, substrate, corpus, params, index_dir, items, **agent):
+    """The trace records (as dicts, by query id) of `items` on one substrate."""
+    config = params.agent.model_copy(update={"max_new_tokens": 32, "summary_max_new_tokens": 16, **agent})
+    react = ReActAgent(
+        backend, build_substrate(substrate, corpus, config, seed=0, index_dir=index_dir),
+        build_method("none", MethodContext(corpus, params, 0)), config, seed=0,
+    )
+    records = []
+    react.run(items, records.append)
+    return sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
+
+
 @pytest.mark.parametrize("substrate", ["C", "R-text"])
 def test_batched_traces_equal_batch_one_traces(substrate, backend, small_corpus, params, index_dir):  # noqa: F811
     # Small on purpose: the untuned model runs every trajectory to the cap, and the suite must
     # stay within its time budget on 2 cores; three rows still exercise padding and drop-out.
     items = [(q, "forget") for q in small_corpus.sample_queries("forget", 3, 1)]
-    traces = {}
-    for batch_size in (3, 1):
-        config = params.agent.model_copy(update={"batch_size": batch_size, "max_new_tokens": 32,
-                                                 "summary_max_new_tokens": 16, "max_iters": 2})
-        agent = ReActAgent(
-            backend, build_substrate(substrate, small_corpus, config, seed=0, index_dir=index_dir),
-            build_method("none", MethodContext(small_corpus, params, 0)), config, seed=0,
-        )
-        records = []
-        agent.run(items, records.append)
-        traces[batch_size] = sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
-    assert traces[3] == traces[1]
+    batched, alone = (traces(backend, substrate, small_corpus, params, index_dir, items, batch_size=size, max_iters=2)
+                      for size in (3, 1))
+    assert batched == alone
 
 
 @pytest.mark.parametrize("substrate", ["C", "R-struct"])
 def test_kv_engine_traces_equal_the_generate_harness(substrate, backend, model_config, small_corpus, params,
                                                      index_dir):  # noqa: F811
     """The KV engine (cache kept across steps, shared prefixes) against `generate` on whole prompts."""
-    backends = {"kv": backend, "generate": build_backend(model_config.model_copy(update={"engine": "generate"}))}
+    reference = build_backend(model_config.model_copy(update={"engine": "generate"}))
     items = [(q, "forget") for q in small_corpus.sample_queries("forget", 3, 2)]
-    config = params.agent.model_copy(update={"batch_size": 3, "max_new_tokens": 32,
-                                             "summary_max_new_tokens": 16, "max_iters": 3})
-    traces = {}
-    for engine, engine_backend in backends.items():
-        agent = ReActAgent(
-            engine_backend, build_substrate(substrate, small_corpus, config, seed=0, index_dir=index_dir),
-            build_method("none", MethodContext(small_corpus, params, 0)), config, seed=0,
-        )
-        records = []
-        agent.run(items, records.append)
-        traces[engine] = sorted((r.model_dump() for r in records), key=lambda r: r["query_id"])
-    assert traces["kv"] == traces["generate"]
+    kv, generate = (traces(b, substrate, small_corpus, params, index_dir, items, batch_size=3, max_iters=3)
+                    for b in (backend, reference))
+    assert kv == generate
