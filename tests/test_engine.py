@@ -145,6 +145,24 @@ def test_shared_prefix_is_prefilled_once_and_reused(tiny64):
     assert alone.generate([KVState()], [prompts[2]], max_new_tokens=6, share_prefixes=False) == [together[2]]
 
 
+def test_a_fresh_prompt_sharing_part_of_a_stored_prefix_decodes_as_alone(tiny64):
+    model, tokenizer, engine = tiny64
+    engine.clear_prefixes()
+    prompts = [encode_prompt(tokenizer, chat(q)) for q in QUESTIONS]
+    engine.generate([KVState() for _ in prompts], prompts, max_new_tokens=4)
+    (stored,) = engine._prefixes
+    # Same system prompt, another wording after it: it shares only part of the stored prefix.
+    other = encode_prompt(tokenizer, [{"role": "system", "content": SYSTEM + " Be brief."},
+                                      {"role": "user", "content": "Question: Who?"}])
+    shared = common_prefix(stored.tokens, other)
+    assert MIN_SHARED_PREFIX <= shared < stored.length
+    late = KVState()
+    (output,) = engine.generate([late], [other], max_new_tokens=6)
+    alone = Engine(model, tokenizer, end_of_turn_ids(model, tokenizer))
+    assert alone.generate([KVState()], [other], max_new_tokens=6, share_prefixes=False) == [output]
+    assert all(k.shape[2] == late.length for k, _ in late.layers)
+
+
 def test_stop_strings_end_a_row_where_generate_would(tiny64):
     model, tokenizer, engine = tiny64
     conversation = chat(QUESTIONS[0])

@@ -72,8 +72,8 @@ class KVState:
         self.layers = checkpoint.layers
 
     def _adopt(self, other: KVState, length: int) -> None:
-        self.tokens = other.tokens[:length]
-        self.layers = other.layers
+        """Start from the first `length` tokens of `other` (views: no copy)."""
+        self.tokens, self.layers = list(other.tokens), other.layers
         self.crop(length)
 
 
