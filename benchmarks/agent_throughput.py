@@ -166,6 +166,7 @@ def near_tie_gap(model_path: str | None, conversation: Conversation, reference: 
     _, config = _model_config(model_path, GENERATE_ENGINE)
     model, tokenizer = _cached_model(config)
     prompt = encode_prompt(tokenizer, conversation)
+    eos = end_of_turn_ids(model, tokenizer)
     common = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), min(len(reference), len(other)))
     tokens: list[int] = []
     while True:  # greedy from the prompt until the decoded text leaves the common part
@@ -173,7 +174,7 @@ def near_tie_gap(model_path: str | None, conversation: Conversation, reference: 
         top = torch.topk(logits, 2).values
         token = int(logits.argmax())
         text = tokenizer.decode(tokens + [token], skip_special_tokens=True)
-        if len(text) > common or token in end_of_turn_ids(model, tokenizer) or len(tokens) > 256:
+        if len(text) > common or token in eos or len(tokens) > 256:
             return float(top[0] - top[1])
         tokens.append(token)
 

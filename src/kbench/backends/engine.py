@@ -156,7 +156,7 @@ class Engine:
         for j, (state, tokens) in enumerate(zip(states, new)):
             total = state.length + len(tokens)
             state.tokens = [*state.tokens, *tokens]
-            state.layers = tuple((k[j : j + 1, :, -total:], v[j : j + 1, :, -total:]) for k, v in layers)
+            state.layers = _row(layers, j, total)
         return batch
 
     def _run(self, batch: _Batch, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -188,8 +188,7 @@ class Engine:
             n = min(min(common_prefix(shared[0], p) for p in shared[1:]), min(len(p) for p in shared) - 1)
             if n >= MIN_SHARED_PREFIX and not any(common_prefix(p.tokens, shared[0]) >= n for p in self._prefixes):
                 prefix = KVState()
-                self._forward((), [prefix], [list(shared[0][:n])])
-                prefix.layers = tuple((k.clone(), v.clone()) for k, v in prefix.layers)
+                self._forward((), [prefix], [list(shared[0][:n])])  # a batch of one: its own tensors
                 self._prefixes.insert(0, prefix)
                 del self._prefixes[MAX_SHARED_PREFIXES:]
         for i in fresh:
@@ -283,16 +282,15 @@ class Engine:
                     on_logits(i, batch.logits[j])
                 token = int(batch.logits[j].argmax())
                 self.stats.generated_tokens += 1
-                ended = token in self.eos_token_ids
-                if not ended:
+                end_of_turn = token in self.eos_token_ids
+                ended = end_of_turn
+                if not end_of_turn:
                     outputs[i].append(token)
                     ended = len(outputs[i]) >= max_new_tokens or bool(stop and self._stopped(outputs[i][-tail:], stop))
-                if ended:  # the state keeps what was fed: the prompt and the tokens before this one
-                    fed = len(prompts[i]) + len(outputs[i]) - (0 if token in self.eos_token_ids else 1)
+                if ended:  # the state keeps what was fed: the prompt and every output token but a new one
+                    fed = len(prompts[i]) + len(outputs[i]) - (0 if end_of_turn else 1)
                     states[i].tokens = [*prompts[i], *outputs[i]][:fed]
-                    states[i].layers = tuple(
-                        (k[j : j + 1, :, -fed:].clone(), v[j : j + 1, :, -fed:].clone()) for k, v in _layers(batch.cache)
-                    )
+                    states[i].layers = _copy(_row(_layers(batch.cache), j, fed))
                 else:
                     keep.append(j)
             if not keep:
@@ -354,3 +352,13 @@ def _assemble(states: Sequence[KVState], width: int) -> DynamicCache:
 
 def _layers(cache: Any) -> Layers:
     return tuple((layer.keys, layer.values) for layer in cache.layers)
+
+
+def _row(layers: Layers, j: int, length: int) -> Layers:
+    """Batch row `j`'s last `length` columns, per layer (views)."""
+    return tuple((k[j : j + 1, :, -length:], v[j : j + 1, :, -length:]) for k, v in layers)
+
+
+def _copy(layers: Layers) -> Layers:
+    """Tensors of their own, so that a large batch cache they were cut from can be freed."""
+    return tuple((k.clone(), v.clone()) for k, v in layers)
