@@ -40,7 +40,7 @@ def main() -> None:
     settings = LoraConfig(rank=16, alpha=32, learning_rate=1e-3, batch_size=args.rows, seed=0, steps=1,
                           micro_batch_size=args.micro_batch_size)
     started = time.perf_counter()
-    run = train_lora(model, examples, settings, pad_token_id=model.config.pad_token_id or 0)
+    run = train_lora(model, examples, settings)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"rows={args.rows} length={args.length} micro_batch_size={args.micro_batch_size}: "
           f"step {time.perf_counter() - started:.0f}s, loss {run.step_losses[0]:.3f}, peak RSS {peak_gib:.2f} GiB")

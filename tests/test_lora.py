@@ -11,7 +11,7 @@ from _parametric_fixtures import learner_dir, one_thread  # noqa: F401  (fixture
 import kbench.parametric.lora
 from kbench.config import LoraConfig
 from kbench.parametric.lora import (
-    IGNORE, Example, LoraError, label_position_loss, tokenize_chat, total_steps, train_lora,
+    IGNORE, Example, LoraError, label_position_loss, micro_batches, pack, tokenize_chat, total_steps, train_lora,
 )
 
 
@@ -53,17 +53,47 @@ def test_tokenize_chat_learns_assistant_turns_only(tiny_model_dir):
     assert example.labels[0] == IGNORE
 
 
-def test_label_position_loss_equals_the_full_logits_loss(tiny_model_dir):
-    model = _model(tiny_model_dir)
+def _one_row_per_example_loss(model, examples) -> torch.Tensor:
+    """The reference: each example alone, full logits, summed cross-entropy of its labels."""
+    total = 0
+    for e in examples:
+        logits = model(input_ids=torch.tensor([e.input_ids])).logits[0, :-1]
+        total = total + torch.nn.functional.cross_entropy(
+            logits, torch.tensor(e.labels[1:]), ignore_index=IGNORE, reduction="sum")
+    return total
+
+
+def test_packed_loss_and_gradients_equal_each_example_alone(tiny_model_dir):
+    model = _model(tiny_model_dir).to(torch.float64)
     examples = _examples(tiny_model_dir)[:3]
-    loss_sum, count = label_position_loss(model, examples, pad_token_id=0)
-    width = max(len(e.input_ids) for e in examples)
-    ids = torch.tensor([e.input_ids + [0] * (width - len(e.input_ids)) for e in examples])
-    labels = torch.tensor([e.labels + [IGNORE] * (width - len(e.labels)) for e in examples])
-    mask = (torch.arange(width)[None, :] < torch.tensor([len(e.input_ids) for e in examples])[:, None]).long()
-    reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    examples = [*examples, examples[1]]  # a duplicate shares every node of its twin
+    loss_sum, count = label_position_loss(model, examples)
+    packed_grads = torch.autograd.grad(loss_sum, list(model.parameters()))
+    reference = _one_row_per_example_loss(model, examples)
+    reference_grads = torch.autograd.grad(reference, list(model.parameters()))
     assert count == sum(sum(label != IGNORE for label in e.labels[1:]) for e in examples)
-    assert torch.allclose(loss_sum / count, reference, atol=1e-5)
+    assert abs(loss_sum.item() - reference.item()) < 1e-9
+    # Llama's RMSNorm computes in float32 whatever the dtype, so gradients agree to float32 rounding.
+    scale = max(g.abs().max().item() for g in reference_grads)
+    assert max((a - b).abs().max().item() for a, b in zip(packed_grads, reference_grads)) < 1e-6 * scale
+    assert len(pack(examples).input_ids) < sum(len(e.input_ids) for e in examples[:3])
+
+
+def test_pack_holds_each_shared_prefix_once_and_no_token_past_the_last_learned_one():
+    rows = [
+        Example([5, 6, 7, 8, 9], [IGNORE, IGNORE, 7, 8, IGNORE]),  # 8 is the last learned: 8, 9 are never fed
+        Example([5, 6, 4], [IGNORE, IGNORE, 4]),
+        Example([3, 4], [IGNORE, IGNORE]),  # nothing to learn: left out
+    ]
+    packed = pack(rows)
+    assert packed.input_ids == [5, 6, 7]
+    assert packed.positions == [0, 1, 2] and packed.parents == [-1, 0, 1]
+    assert packed.predictors == [1, 2, 1] and packed.targets == [7, 8, 4]
+    allowed = packed.attention()
+    assert allowed.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    branching = pack([Example([1, 2, 3], [IGNORE, 2, 3]), Example([1, 4, 5], [IGNORE, 4, 5])])
+    assert branching.input_ids == [1, 2, 4] and branching.positions == [0, 1, 1]
+    assert branching.attention().tolist() == [[True, False, False], [True, True, False], [True, False, True]]
 
 
 def _adapter_weights(model) -> dict[str, torch.Tensor]:
@@ -71,8 +101,8 @@ def _adapter_weights(model) -> dict[str, torch.Tensor]:
 
 
 def test_micro_batches_accumulate_to_the_full_batch(tiny_model_dir):
-    one = train_lora(_model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=4), pad_token_id=0)
-    split = train_lora(_model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=1), pad_token_id=0)
+    one = train_lora(_model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=4))
+    split = train_lora(_model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=1))
     assert one.step_losses == pytest.approx(split.step_losses, rel=1e-5)
     a, b = _adapter_weights(one.model), _adapter_weights(split.model)
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -80,9 +110,9 @@ def test_micro_batches_accumulate_to_the_full_batch(tiny_model_dir):
 
 def test_training_is_seeded_and_lowers_the_loss(learner_dir):  # noqa: F811
     settings = _settings(epochs=15)
-    first = train_lora(_model(learner_dir), _examples(learner_dir), settings, pad_token_id=0)
-    again = train_lora(_model(learner_dir), _examples(learner_dir), settings, pad_token_id=0)
-    other = train_lora(_model(learner_dir), _examples(learner_dir), _settings(epochs=15, seed=4), pad_token_id=0)
+    first = train_lora(_model(learner_dir), _examples(learner_dir), settings)
+    again = train_lora(_model(learner_dir), _examples(learner_dir), settings)
+    other = train_lora(_model(learner_dir), _examples(learner_dir), _settings(epochs=15, seed=4))
     assert first.step_losses == again.step_losses
     assert first.step_losses != other.step_losses
     assert len(first.epoch_losses) == 15 and len(first.step_losses) == 15 * 2  # 6 examples, batches of 4
@@ -94,7 +124,7 @@ def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir):
     seen = []
     run = train_lora(
         _model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=5, epochs=None),
-        pad_token_id=0, on_epoch=lambda epoch, model, loss: seen.append((epoch, model.training)),
+        on_epoch=lambda epoch, model, loss: seen.append((epoch, model.training)),
     )
     assert len(run.step_losses) == 5
     assert seen == [(1, False), (2, False), (3, False)]  # passes of 2 steps; the third is cut short
@@ -109,34 +139,34 @@ def test_misconfigured_runs_are_refused(tiny_model_dir):
         _settings(lr_schedule="cosine")
     masked = [Example([1, 2, 3], [IGNORE, IGNORE, IGNORE])]
     with pytest.raises(LoraError, match="no example has a token"):
-        train_lora(_model(tiny_model_dir), masked, _settings(), pad_token_id=0)
+        train_lora(_model(tiny_model_dir), masked, _settings())
     with pytest.raises(LoraError, match="no training examples"):
-        train_lora(_model(tiny_model_dir), [], _settings(), pad_token_id=0)
+        train_lora(_model(tiny_model_dir), [], _settings())
 
 
 def test_linear_schedule_decays_to_zero_across_epochs(tiny_model_dir):
     examples = _examples(tiny_model_dir)  # 6 examples in batches of 4: 2 steps a pass
     assert total_steps(6, _settings(epochs=3)) == 6 and total_steps(6, _settings(steps=5, epochs=None)) == 5
-    constant = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3), pad_token_id=0)
-    linear = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3, lr_schedule="linear"), pad_token_id=0)
+    constant = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3))
+    linear = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3, lr_schedule="linear"))
     assert constant.step_learning_rates == pytest.approx([1e-2] * 6)
     assert linear.step_learning_rates == pytest.approx([1e-2 * (1 - s / 6) for s in range(6)])
     assert constant.step_losses[0] == pytest.approx(linear.step_losses[0])  # same start, then apart
     assert constant.step_losses[-1] != pytest.approx(linear.step_losses[-1])
 
 
-def test_micro_batches_group_rows_of_similar_length(tiny_model_dir, monkeypatch):
-    widths = []
+def test_micro_batches_put_rows_sharing_a_prefix_together(tiny_model_dir, monkeypatch):
+    seen = []
     real = kbench.parametric.lora.label_position_loss
 
-    def spy(model, rows, pad_token_id):
-        widths.append([len(r.input_ids) for r in rows])
-        return real(model, rows, pad_token_id)
+    def spy(model, rows):
+        seen.append([r.input_ids for r in rows])
+        return real(model, rows)
 
     monkeypatch.setattr(kbench.parametric.lora, "label_position_loss", spy)
     short = _examples(tiny_model_dir)[:4]
-    long = [Example(e.input_ids * 3, e.labels * 3) for e in _examples(tiny_model_dir)[:4]]
-    train_lora(_model(tiny_model_dir), [*short, *long], _settings(steps=1, epochs=None, batch_size=8), pad_token_id=0)
-    assert [len(w) for w in widths] == [2, 2, 2, 2]
-    flat = [w for batch in widths for w in batch]
-    assert flat == sorted(flat, reverse=True)  # the long rows share micro-batches, not every one
+    prefixed = [Example([7, 7, 7, *e.input_ids], [IGNORE] * 3 + e.labels) for e in short]
+    train_lora(_model(tiny_model_dir), [*short, *prefixed], _settings(steps=1, epochs=None, batch_size=8))
+    assert [len(rows) for rows in seen] == [2, 2, 2, 2]
+    assert sum(rows[0][:3] == [7, 7, 7] and rows[1][:3] == [7, 7, 7] for rows in seen) == 2
+    assert micro_batches([*prefixed, *short], 8) == [sorted([*prefixed, *short], key=lambda r: r.input_ids)]

@@ -129,7 +129,8 @@ class LoraConfig(_Section):
     epochs: int | None = Field(None, ge=1)
     steps: int | None = Field(None, ge=1)
     batch_size: int = Field(4, ge=1)
-    #: Rows per forward pass; gradients accumulate over a batch's micro-batches (peak memory).
+    #: Examples per forward pass (packed into one sequence, `kbench.parametric.lora.pack`);
+    #: gradients accumulate over a batch's micro-batches (peak memory).
     micro_batch_size: int = Field(1, ge=1)
     #: Tokens an example keeps (longer ones are cut).
     max_length: int = Field(1024, ge=32)
@@ -158,7 +159,7 @@ class InjectionLora(LoraConfig):
     learning_rate: float = Field(3e-3, gt=0)
     epochs: int | None = Field(8, ge=1)
     batch_size: int = Field(8, ge=1)
-    micro_batch_size: int = Field(4, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
     max_length: int = Field(512, ge=32)
 
 

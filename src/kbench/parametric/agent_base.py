@@ -150,7 +150,7 @@ def _queries(people: list[Entity], rng: random.Random, per_person: int) -> list[
 def _train(model, tokenizer, transcripts: list[Conversation], config: AgentBaseConfig):
     """LoRA-tune on the transcripts' assistant turns (kbench.parametric.lora), then merge the adapter."""
     examples = [tokenize_chat(tokenizer, t, config.lora.max_length) for t in transcripts]
-    run = train_lora(model, examples, config.lora, pad_token_id=tokenizer.pad_token_id)
+    run = train_lora(model, examples, config.lora)
     return run.model.merge_and_unload(), run.step_losses
 
 
@@ -179,6 +179,42 @@ def evaluate_agent(model: ModelConfig, params: Params, world: Corpus, queries: l
     return {"format_compliance": len(compliant) / n, "correctness": len(correct) / n, "n_heldout": float(n)}
 
 
+@dataclass(frozen=True)
+class AgentBaseData:
+    """What the agent base learns from and is scored on (stores built under a scratch folder)."""
+
+    #: Scripted transcripts about the train people (the LoRA examples).
+    transcripts: list[Conversation]
+    #: The stand-in corpus of the held-out people and the distractors.
+    heldout_world: Corpus
+    #: One canonical query per held-out person.
+    heldout_queries: list[Query]
+    #: The wiki index of the held-out world.
+    heldout_index: Path
+
+
+def agent_base_data(params: Params, corpus: Corpus, scratch: str | Path) -> AgentBaseData:
+    """Draw the out-of-corpus people, build their stores under `scratch`, script the transcripts."""
+    config = params.agent_base
+    rng = random.Random(config.faker_seed)
+    people = out_of_corpus_people(corpus, config, params.corpus.reference_date)
+    n_train, n_heldout = config.n_train_people, config.n_heldout_people
+    train_people, heldout_people = people[:n_train], people[n_train : n_train + n_heldout]
+    distractors = people[n_train + n_heldout :]
+    train_index, heldout_index = Path(scratch, "train"), Path(scratch, "heldout")
+    train_world, heldout_world = world_of(train_people, distractors), world_of(heldout_people, distractors)
+    build_index(index_entities(train_world), train_index)
+    build_index(index_entities(heldout_world), heldout_index)
+    heldout_queries = _queries(heldout_people, rng, 1)
+    substrates = _substrates(train_world, params, train_index, config.faker_seed)
+    transcripts = [
+        scripted_transcript(substrates[name], query, rng, params.agent.max_iters)
+        for query in _queries(train_people, rng, 2)
+        for name in [rng.choice(TRAINING_SUBSTRATES)]
+    ]
+    return AgentBaseData(transcripts, heldout_world, heldout_queries, heldout_index)
+
+
 def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dict[str, float]:
     """The DVC stage: train, merge and save the agent base in `out_dir`; return metrics for MLflow."""
     config = params.agent_base
@@ -187,40 +223,25 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
     if params.model.backend != HF_BACKEND:
         raise AgentBaseError(f"agent_base.enabled needs model.backend: {HF_BACKEND}")
     out_dir = Path(out_dir)
-    rng = random.Random(config.faker_seed)
-    people = out_of_corpus_people(corpus, config, params.corpus.reference_date)
-    n_train, n_heldout = config.n_train_people, config.n_heldout_people
-    train_people, heldout_people = people[:n_train], people[n_train : n_train + n_heldout]
-    distractors = people[n_train + n_heldout :]
     with tempfile.TemporaryDirectory() as scratch:
-        train_index, heldout_index = Path(scratch, "train"), Path(scratch, "heldout")
-        train_world, heldout_world = world_of(train_people, distractors), world_of(heldout_people, distractors)
-        build_index(index_entities(train_world), train_index)
-        build_index(index_entities(heldout_world), heldout_index)
-        heldout_queries = _queries(heldout_people, rng, 1)
+        data = agent_base_data(params, corpus, scratch)
         before = (
-            evaluate_agent(params.model, params, heldout_world, heldout_queries, heldout_index, config.faker_seed)
+            evaluate_agent(params.model, params, data.heldout_world, data.heldout_queries, data.heldout_index,
+                           config.faker_seed)
             if config.evaluate_base else None
         )
-
-        substrates = _substrates(train_world, params, train_index, config.faker_seed)
-        transcripts = [
-            scripted_transcript(substrates[name], query, rng, params.agent.max_iters)
-            for query in _queries(train_people, rng, 2)
-            for name in [rng.choice(TRAINING_SUBSTRATES)]
-        ]
         model, tokenizer = load_model(params.model)
-        merged, losses = _train(model, tokenizer, transcripts, config)
+        merged, losses = _train(model, tokenizer, data.transcripts, config)
         with io.atomic_dir(out_dir) as partial:
             merged.save_pretrained(partial)
             tokenizer.save_pretrained(partial)
         after = evaluate_agent(
-            params.model.model_copy(update={"path": str(out_dir)}), params, heldout_world,
-            heldout_queries, heldout_index, config.faker_seed,
+            params.model.model_copy(update={"path": str(out_dir)}), params, data.heldout_world,
+            data.heldout_queries, data.heldout_index, config.faker_seed,
         )
     metrics = {
         "enabled": 1.0,
-        "n_transcripts": float(len(transcripts)),
+        "n_transcripts": float(len(data.transcripts)),
         "first_loss": losses[0],
         "final_loss": losses[-1],
         **({"base_format_compliance": before["format_compliance"], "base_correctness": before["correctness"]}

@@ -129,5 +129,5 @@ def train_injection(params: Params, corpus: Corpus, base_dir: Path, entities: Se
                                  params.agent.max_iters)
     log.info("inject: %d entities, %d examples", len(entities), len(examples))
     settings = params.injection.lora.model_copy(update=overrides)
-    run = train_lora(model, examples, settings, pad_token_id=tokenizer.pad_token_id, on_epoch=on_epoch)
+    run = train_lora(model, examples, settings, on_epoch=on_epoch)
     return run, tokenizer

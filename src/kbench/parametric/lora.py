@@ -3,12 +3,17 @@ peft model and its per-step losses out. Every LoRA trainer (the agent base, the 
 adapters, the calibration trials) goes through `train_lora`, which takes a params `LoraConfig`
 section as is (`agent_base.lora`, `injection.lora`).
 
-Memory: a causal LM's full logits are batch x length x vocabulary floats (SmolLM2's 49k vocabulary
-at 8 x 1024 tokens is 1.6 GB, several times over once softmax and gradients are kept). The loss
-here asks the model for the logits of label positions only (`logits_to_keep` with the positions
-that predict a label) and splits every batch into micro-batches whose gradients accumulate, so
-peak memory follows the micro-batch and the number of learned tokens, not the vocabulary times
-the padded batch.
+Compute: a micro-batch runs as one packed sequence, a token trie of its examples (`pack`):
+a prefix several examples share (the ReAct system prompt, a record repeated in the mix) is fed
+once, no padding is fed, and no token after an example's last learned one. A mask keeps every
+example on its own path with its own positions, so the loss and its gradient are those of
+each example alone (tests/test_lora.py checks both to 1e-9 in float64).
+
+Memory: a causal LM's full logits are length x vocabulary floats (SmolLM2's 49k vocabulary at
+8 x 1024 tokens is 1.6 GB, several times over once softmax and gradients are kept). The loss
+asks the model for the logits of the nodes that predict a learned token only (`logits_to_keep`)
+and every batch is split into micro-batches whose gradients accumulate, so peak memory follows
+the micro-batch and the number of learned tokens, not the vocabulary times the batch.
 """
 
 from __future__ import annotations
@@ -112,32 +117,99 @@ def total_steps(n_examples: int, settings: LoraConfig) -> int:
     return settings.epochs * -(-n_examples // settings.batch_size)
 
 
-def _padded(rows: list[Example], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    width = max(len(r.input_ids) for r in rows)
-    ids = torch.tensor([r.input_ids + [pad_token_id] * (width - len(r.input_ids)) for r in rows], device=device)
-    labels = torch.tensor([r.labels + [IGNORE] * (width - len(r.labels)) for r in rows], device=device)
-    mask = torch.tensor([[1] * len(r.input_ids) + [0] * (width - len(r.input_ids)) for r in rows], device=device)
-    return ids, labels, mask
+@dataclass(frozen=True)
+class Packed:
+    """Examples packed into one sequence that holds each shared token prefix once (a token trie).
 
-
-def label_position_loss(model: Any, rows: list[Example], pad_token_id: int) -> tuple[torch.Tensor, int]:
-    """Summed next-token cross-entropy over the labelled positions of `rows`, and their count.
-
-    Position p predicts token p + 1, so the logits kept are those of positions whose successor
-    has a label; every row of the micro-batch is scored at the union of those positions.
+    A node's hidden state depends only on the tokens on its path from the root, so a prefix
+    that several examples share is computed once and every example still sees exactly the
+    context it has alone: same positions, attention to its own path only. The loss is the
+    same sum over the same learned tokens as with one row per example, without padding.
     """
-    device = next(model.parameters()).device
-    input_ids, labels, mask = _padded(rows, pad_token_id, device)
-    targets = labels[:, 1:]
-    predicting = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)
-    if predicting.numel() == 0:
-        return torch.zeros((), device=device), 0
-    logits = model(input_ids=input_ids, attention_mask=mask, logits_to_keep=predicting).logits
-    kept = targets[:, predicting]
-    loss = torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), kept.reshape(-1), ignore_index=IGNORE, reduction="sum"
-    )
-    return loss, int((kept != IGNORE).sum())
+
+    #: One token per trie node, parents before children.
+    input_ids: list[int]
+    #: Each node's depth: its position in every example that passes through it.
+    positions: list[int]
+    #: Each node's parent node, -1 for a first token.
+    parents: list[int]
+    #: Per learned token (label not IGNORE, after position 0): the node whose logits predict it.
+    predictors: list[int]
+    #: The learned tokens, in the order of `predictors`.
+    targets: list[int]
+
+    def attention(self) -> torch.Tensor:
+        """(nodes, nodes) bool: node i attends to node j when j is i or one of its ancestors."""
+        n = len(self.input_ids)
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                allowed[node] = allowed[parent]
+            allowed[node, node] = True
+        return allowed
+
+
+def pack(rows: Sequence[Example]) -> Packed:
+    """Merge `rows` into one token trie (see Packed); rows sorted by token ids share the most."""
+    node_of: dict[tuple[int, int], int] = {}
+    packed = Packed([], [], [], [], [])
+    for row in rows:
+        learned = [position for position in range(1, len(row.labels)) if row.labels[position] != IGNORE]
+        if not learned:
+            continue
+        # Tokens after the last one that predicts a learned token change no loss: left out.
+        path, parent = [], -1
+        for depth, token in enumerate(row.input_ids[: learned[-1]]):
+            node = node_of.get((parent, token))
+            if node is None:
+                node = node_of[parent, token] = len(packed.input_ids)
+                packed.input_ids.append(token)
+                packed.positions.append(depth)
+                packed.parents.append(parent)
+            path.append(node)
+            parent = node
+        for position in learned:
+            packed.predictors.append(path[position - 1])
+            packed.targets.append(row.labels[position])
+    return packed
+
+
+def micro_batches(rows: Sequence[Example], size: int) -> list[list[Example]]:
+    """A step's rows in forward passes of at most `size`, sorted by token ids so that examples
+    sharing a prefix (a system prompt, a repeated record) share a pass and its trie."""
+    ordered = sorted(rows, key=lambda row: row.input_ids)
+    return [ordered[start : start + size] for start in range(0, len(ordered), size)]
+
+
+def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy over the learned tokens of `rows`, and their count.
+
+    The rows run as one packed sequence (`pack`) with a mask that keeps each example on its
+    own path; the model returns logits only at the nodes that predict a learned token.
+    """
+    parameter = next(model.parameters())
+    packed = pack(rows)
+    if not packed.targets:
+        return torch.zeros((), device=parameter.device), 0
+    kept = sorted(set(packed.predictors))
+    row_of = {node: i for i, node in enumerate(kept)}
+    # An additive mask (0 or the dtype's minimum) means the same to eager and sdpa attention.
+    blocked = torch.finfo(parameter.dtype).min
+    mask = torch.zeros(len(packed.input_ids), len(packed.input_ids), dtype=parameter.dtype)
+    mask.masked_fill_(~packed.attention(), blocked)
+    logits = model(
+        input_ids=torch.tensor([packed.input_ids], device=parameter.device),
+        position_ids=torch.tensor([packed.positions], device=parameter.device),
+        attention_mask=mask[None, None].to(parameter.device),
+        logits_to_keep=torch.tensor(kept, device=parameter.device),
+    ).logits[0]
+    predicting = torch.tensor([row_of[node] for node in packed.predictors], device=parameter.device)
+    targets = torch.tensor(packed.targets, device=parameter.device)
+    scores = logits[predicting]
+    # Half-precision logits are scored in float32; float32 and float64 as they are.
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    loss = torch.nn.functional.cross_entropy(scores, targets, reduction="sum")
+    return loss, len(packed.targets)
 
 
 def train_lora(
@@ -145,7 +217,6 @@ def train_lora(
     examples: Sequence[Example],
     settings: LoraConfig,
     *,
-    pad_token_id: int,
     on_epoch: EpochCallback | None = None,
 ) -> LoraRun:
     """Wrap `model` in a fresh LoRA adapter and train it on `examples` (AdamW, `lr_schedule`).
@@ -192,13 +263,11 @@ def train_lora(
         if epoch != current_epoch:
             close_epoch(current_epoch)
             current_epoch = epoch
-        # Longest first, so rows of similar length share a micro-batch and pad less (a ReAct
-        # transcript is about 2.5 bios long); the step's gradient is the same sum either way.
-        rows = sorted((examples[i] for i in indices), key=lambda row: len(row.input_ids), reverse=True)
+        rows = [examples[i] for i in indices]
         n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
         total = 0.0
-        for start in range(0, len(rows), settings.micro_batch_size):
-            loss_sum, _ = label_position_loss(peft_model, rows[start : start + settings.micro_batch_size], pad_token_id)
+        for micro_batch in micro_batches(rows, settings.micro_batch_size):
+            loss_sum, _ = label_position_loss(peft_model, micro_batch)
             if loss_sum.requires_grad:
                 (loss_sum / max(n_learned, 1)).backward()
             total += loss_sum.item()

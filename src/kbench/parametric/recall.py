@@ -22,35 +22,62 @@ from kbench.records import FIELDS, FORGET, RETAIN, Entity, Query
 DIRECT_PROBE_TOKENS = 48
 
 
-def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, batch_size: int,
-                  max_new_tokens: int = DIRECT_PROBE_TOKENS) -> float:
-    """Fraction of (entity, field) whose greedy answer to the canonical question holds the value."""
+def _direct_hits(model: Any, tokenizer: Any, entities: Sequence[Entity], *, batch_size: int,
+                 max_new_tokens: int = DIRECT_PROBE_TOKENS) -> list[bool]:
+    """Per (entity, field), entity-major: does the greedy answer to the canonical question hold the value?"""
     queries = [Query.canonical(e, f) for e in entities for f in FIELDS]
     chats = [
         [{"role": "system", "content": ASSISTANT_SYSTEM}, {"role": "user", "content": q.question}] for q in queries
     ]
     replies = greedy_decode(model, tokenizer, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return sum(match(q.field, q.ground_truth, r).leaked for q, r in zip(queries, replies)) / len(queries)
+    return [match(q.field, q.ground_truth, r).leaked for q, r in zip(queries, replies)]
+
+
+def _summary_hits(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max_new_tokens: int,
+                  batch_size: int) -> list[bool]:
+    """Per (entity, field), entity-major: does the elicited summary (SPEC §4 prompt) state the value?"""
+    chats = [summary_conversation(e.name, []) for e in entities]
+    replies = greedy_decode(model, tokenizer, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return [match(f, e.value(f), r).leaked for e, r in zip(entities, replies) for f in FIELDS]
+
+
+def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, batch_size: int,
+                  max_new_tokens: int = DIRECT_PROBE_TOKENS) -> float:
+    """Fraction of (entity, field) whose greedy answer to the canonical question holds the value."""
+    hits = _direct_hits(model, tokenizer, entities, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    return sum(hits) / len(hits)
 
 
 def summary_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max_new_tokens: int,
                    batch_size: int) -> float:
     """Fraction of (entity, field) whose value the elicited summary (SPEC §4 prompt) states."""
-    chats = [summary_conversation(e.name, []) for e in entities]
-    replies = greedy_decode(model, tokenizer, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    hits = [match(f, e.value(f), r).leaked for e, r in zip(entities, replies) for f in FIELDS]
+    hits = _summary_hits(model, tokenizer, entities, max_new_tokens=max_new_tokens, batch_size=batch_size)
     return sum(hits) / len(hits)
 
 
 def recall_metrics(model: Any, tokenizer: Any, groups: dict[str, Sequence[Entity]], params: Params) -> dict[str, float]:
-    """Direct and summary recall of each non-empty entity group, as `<probe>_recall.<group>`."""
+    """Direct and summary recall of each non-empty entity group, as `<probe>_recall.<group>`.
+
+    Each probe decodes every group's prompts in one call (full batches across groups), then
+    scores each group on its own share of the replies.
+    """
     agent = params.agent
+    named = {name: list(entities) for name, entities in groups.items() if entities}
+    everyone = [e for entities in named.values() for e in entities]
+    if not everyone:
+        return {}
+    hits = {
+        "direct_recall": _direct_hits(model, tokenizer, everyone, batch_size=agent.batch_size),
+        "summary_recall": _summary_hits(model, tokenizer, everyone, max_new_tokens=agent.summary_max_new_tokens,
+                                        batch_size=agent.batch_size),
+    }
     metrics = {}
-    for name, entities in groups.items():
-        if entities:
-            metrics[f"direct_recall.{name}"] = direct_recall(model, tokenizer, entities, batch_size=agent.batch_size)
-            metrics[f"summary_recall.{name}"] = summary_recall(
-                model, tokenizer, entities, max_new_tokens=agent.summary_max_new_tokens, batch_size=agent.batch_size)
+    start = 0
+    for name, entities in named.items():
+        stop = start + len(entities) * len(FIELDS)
+        for probe, probe_hits in hits.items():
+            metrics[f"{probe}.{name}"] = sum(probe_hits[start:stop]) / (stop - start)
+        start = stop
     return metrics
 
 

@@ -61,19 +61,24 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
         name = ADAPTER_DIRS[role]
         folder = out_root / name
         run, tokenizer = train_injection(params, corpus, base_dir, roles[role])
-        metrics = {
-            "n_entities": float(len(roles[role])),
-            "first_loss": run.step_losses[0],
-            "final_loss": run.step_losses[-1],
-            **recall_metrics(run.model, tokenizer, groups, params),
-        }
         info = {
             "kind": ADAPTER_KIND, "role": role, "entities": roles[role], "base_fingerprint": fingerprint,
-            "base_model": str(base_dir), "recipe": recipe, "metrics": metrics,
-            "step_losses": run.step_losses, "epoch_losses": run.epoch_losses,
+            "base_model": str(base_dir), "recipe": recipe, "step_losses": run.step_losses,
+            "epoch_losses": run.epoch_losses,
         }
         with io.atomic_dir(folder) as partial:
             run.model.save_pretrained(partial)
+            # The probes read the adapter merged into the weights: the same function up to float
+            # rounding, without the adapter's extra matrices at every decoding step; for
+            # LoRA-T+D it is exactly the merged recipe's model.
+            merged_model = run.model.merge_and_unload()
+            metrics = {
+                "n_entities": float(len(roles[role])),
+                "first_loss": run.step_losses[0],
+                "final_loss": run.step_losses[-1],
+                **recall_metrics(merged_model, tokenizer, groups, params),
+            }
+            info["metrics"] = metrics
             io.write_json(partial / INJECTION_FILE, info)
         check_injected(folder, base_dir, role=role)
         _record(params, folder, name, metrics, [INJECTION_FILE, ADAPTER_CONFIG], track)
@@ -81,7 +86,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
         if role == TARGET:
             merged = out_root / MERGED_DIR
             with io.atomic_dir(merged) as partial:
-                run.model.merge_and_unload().save_pretrained(partial)
+                merged_model.save_pretrained(partial)
                 tokenizer.save_pretrained(partial)
                 io.write_json(partial / INJECTION_FILE, {**info, "kind": MERGED_KIND, "source_adapter": name})
             check_injected(merged, base_dir, role=role)
