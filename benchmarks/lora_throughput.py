@@ -8,8 +8,9 @@ Workloads, the real examples of the default params:
 
 Modes, each run in its own process for `--steps` optimizer steps of the recipe:
 
-  padded      the loss before packing (up to 0ee8764): a batch sorted longest first, each
-              micro-batch one right-padded row per example
+  padded      the loss before packing (up to 0ee8764) at that day's micro-batch size
+              (injection 4, agent base 1): a batch sorted longest first, each micro-batch one
+              right-padded row per example
   packed      `kbench.parametric.lora` as it is: a micro-batch of examples sorted by token ids
               runs as one sequence holding each shared prefix once (`pack`)
 
@@ -48,6 +49,8 @@ from kbench.parametric.lora import IGNORE, Example, micro_batches, pack, tokeniz
 
 MODES = ("padded", "packed")
 WORKLOADS = ("inject", "agent_base")
+#: The micro-batch size of each workload's recipe before packing (params.yaml at 0ee8764).
+PADDED_MICRO_BATCH = {"inject": 4, "agent_base": 1}
 
 
 def padded_micro_batches(rows: Sequence[Example], size: int) -> list[list[Example]]:
@@ -103,6 +106,8 @@ def child(args: argparse.Namespace) -> None:
     params = load_params(args.params)
     model, examples, settings = workload(params, args.workload, args.corpus)
     update = {"steps": args.steps, "epochs": None}
+    if args.mode == "padded":
+        update["micro_batch_size"] = PADDED_MICRO_BATCH[args.workload]
     if args.micro_batch_size:
         update["micro_batch_size"] = args.micro_batch_size
     settings = settings.model_copy(update=update)
@@ -129,7 +134,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--micro-batch-size", type=int, default=0, help="override the recipe's (0: keep it)")
+    parser.add_argument("--micro-batch-size", type=int, default=0,
+                        help="override every mode's micro-batch size (0: the recipe's, padded: PADDED_MICRO_BATCH)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()

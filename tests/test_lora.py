@@ -170,3 +170,16 @@ def test_micro_batches_put_rows_sharing_a_prefix_together(tiny_model_dir, monkey
     assert [len(rows) for rows in seen] == [2, 2, 2, 2]
     assert sum(rows[0][:3] == [7, 7, 7] and rows[1][:3] == [7, 7, 7] for rows in seen) == 2
     assert micro_batches([*prefixed, *short], 8) == [sorted([*prefixed, *short], key=lambda r: r.input_ids)]
+
+
+def test_a_single_path_runs_causal_and_a_tree_runs_masked(tiny_model_dir, monkeypatch):
+    model = _model(tiny_model_dir).to(torch.float64)
+    example = _examples(tiny_model_dir)[0]
+    assert pack([example, example]).is_chain and not pack(_examples(tiny_model_dir)[:2]).is_chain
+    seen = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **kw: seen.append(sorted(kw)) or forward(**kw))
+    alone, _ = label_position_loss(model, [example])
+    label_position_loss(model, _examples(tiny_model_dir)[:2])
+    assert "attention_mask" not in seen[0] and "attention_mask" in seen[1]
+    assert abs(alone.item() - _one_row_per_example_loss(model, [example]).item()) < 1e-9

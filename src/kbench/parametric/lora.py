@@ -138,6 +138,11 @@ class Packed:
     #: The learned tokens, in the order of `predictors`.
     targets: list[int]
 
+    @property
+    def is_chain(self) -> bool:
+        """Whether the trie is one path (node i's parent is i - 1): causal attention is then exact."""
+        return all(parent == node - 1 for node, parent in enumerate(self.parents))
+
     def attention(self) -> torch.Tensor:
         """(nodes, nodes) bool: node i attends to node j when j is i or one of its ancestors."""
         n = len(self.input_ids)
@@ -193,15 +198,21 @@ def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tens
         return torch.zeros((), device=parameter.device), 0
     kept = sorted(set(packed.predictors))
     row_of = {node: i for i, node in enumerate(kept)}
-    # An additive mask (0 or the dtype's minimum) means the same to eager and sdpa attention.
-    blocked = torch.finfo(parameter.dtype).min
-    mask = torch.zeros(len(packed.input_ids), len(packed.input_ids), dtype=parameter.dtype)
-    mask.masked_fill_(~packed.attention(), blocked)
+    if packed.is_chain:
+        # One path (one example, or copies of it): plain causal attention, its fast kernel.
+        layout = {}
+    else:
+        # An additive mask (0 or the dtype's minimum) means the same to eager and sdpa attention.
+        mask = torch.zeros(len(packed.input_ids), len(packed.input_ids), dtype=parameter.dtype)
+        mask.masked_fill_(~packed.attention(), torch.finfo(parameter.dtype).min)
+        layout = {
+            "position_ids": torch.tensor([packed.positions], device=parameter.device),
+            "attention_mask": mask[None, None].to(parameter.device),
+        }
     logits = model(
         input_ids=torch.tensor([packed.input_ids], device=parameter.device),
-        position_ids=torch.tensor([packed.positions], device=parameter.device),
-        attention_mask=mask[None, None].to(parameter.device),
         logits_to_keep=torch.tensor(kept, device=parameter.device),
+        **layout,
     ).logits[0]
     predicting = torch.tensor([row_of[node] for node in packed.predictors], device=parameter.device)
     targets = torch.tensor(packed.targets, device=parameter.device)
