@@ -203,3 +203,47 @@ def test_weight_methods_refuse_a_backend_without_weights(small_corpus, params): 
         build_method("none", MethodContext(small_corpus, params, 0)).check_deployable("C", ScriptedBackend([]))
     finally:
         unregister_method("editor")
+
+
+def test_a_cut_observation_is_marked_in_the_record_and_an_uncut_one_is_not(small_corpus, params, queries):  # noqa: F811
+    config = params.agent.model_copy(update={"max_observation_chars": 100})
+    huge = "x" * 5000
+    backend = ScriptedBackend([f"Thought: look.\nAction: lookup_record[{huge}, employer]",
+                               "Thought: again.\nAction: lookup_record[Nobody, employer]", "Final Answer: no"])
+    record = run(backend, small_corpus, params, queries[:1], config=config)[0]
+    cut, uncut = record.steps[0], record.steps[1]
+    assert cut.observation.endswith(f"[... {cut.observation_cut} characters cut]") and len(cut.observation) < 200
+    assert cut.observation_cut == len(f"No record found for '{huge}'.") - 100
+    assert uncut.observation_cut is None and "observation_cut" not in uncut.model_dump_json()
+    assert '"observation_cut":' in record.model_dump_json()
+
+
+def test_each_record_is_handed_on_in_the_step_its_trajectory_halts(small_corpus, params, queries):  # noqa: F811
+    """Batch 16, four queries: the one that halts first is recorded before the others finish,
+    and one full summary call covered every query."""
+    order = []
+
+    class Tracking(ScriptedBackend):
+        def generate(self, conversations, *, stop, max_new_tokens, **kw):
+            order.append(("summary" if not stop else "step", len(conversations)))
+            return super().generate(conversations, stop=stop, max_new_tokens=max_new_tokens)
+
+    backend = Tracking(["Thought: look.\nAction: lookup_record[Nobody, employer]", "Final Answer: no"])
+    first = "Final Answer: at once"
+    substrate = build_substrate("R-struct", small_corpus, params.agent, seed=0)
+    agent = ReActAgent(backend, substrate, build_method("none", MethodContext(small_corpus, params, 0)),
+                       params.agent, seed=0)
+    seen = []
+    agent.advance_original = agent.advance
+
+    def advance(trajectory, generation):  # the first query answers at its first step
+        if trajectory.query == queries[0] and not trajectory.steps:
+            generation = Generation(first)
+        agent.advance_original(trajectory, generation)
+
+    agent.advance = advance
+    agent.run([(q, "forget") for q in queries], lambda r: seen.append((r.query_id, len(order))))
+    assert seen[0] == (queries[0].query_id, 2)  # step 1, then one summary call: recorded at once
+    assert order[:2] == [("step", 4), ("summary", 4)]  # the summary batch took every query
+    assert [kind for kind, _ in order].count("summary") == 1
+    assert {q for q, _ in seen} == {q.query_id for q in queries}

@@ -14,7 +14,7 @@ def target(small_corpus):  # noqa: F811
 
 def context(name, corpus, params, index_dir, query):  # noqa: F811
     substrate = build_substrate(name, corpus, params.agent, seed=0, index_dir=index_dir)
-    return ToolContext(substrate, query, params.agent.retrieval_top_k)
+    return ToolContext(substrate, query, params.agent.retrieval_top_k, params.agent.max_observation_chars)
 
 
 def test_sql_injection_argument_is_just_a_name_not_found(small_corpus, params, index_dir, target):  # noqa: F811
@@ -87,3 +87,13 @@ def test_argument_helpers():
     assert split_args("'Ann Lee'", 1) == ["Ann Lee"]
     assert [normalize_field(t) for t in ("Date of Birth", "DOB", "home address", "job", "nope")] == [
         "date_of_birth", "date_of_birth", "address", "occupation", None]
+
+
+def test_a_huge_argument_is_cut_in_the_observation_and_marked(small_corpus, params, index_dir, target):  # noqa: F811
+    tools = context("R-struct", small_corpus, params, index_dir, target)
+    limit = params.agent.max_observation_chars
+    result = call_tool(tools, "lookup_record", "x" * 100_000 + ", employer")
+    assert result.cut == len("No record found for ''.") + 100_000 - limit
+    assert result.observation == f"No record found for '{'x' * (limit - 21)} [... {result.cut} characters cut]"
+    short = call_tool(tools, "lookup_record", "Nobody, employer")
+    assert short.cut == 0 and short.observation == "No record found for 'Nobody'."

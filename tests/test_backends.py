@@ -17,7 +17,7 @@ CONVERSATIONS = [
 
 def test_registry():
     assert {"hf", "openai"} <= set(backend_names())
-    with pytest.raises(BackendError, match="cannot load"):
+    with pytest.raises(BackendError, match="does not exist"):
         build_backend(ModelConfig(path="/nonexistent/model"))
 
 
@@ -96,7 +96,7 @@ def test_the_one_loader_honours_dtype_and_device(tiny_model_dir):  # noqa: F811
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     assert not model.training and tokenizer.pad_token is not None
-    with pytest.raises(BackendError, match="cannot load"):
+    with pytest.raises(BackendError, match="does not exist"):
         load_model(ModelConfig(path="/nonexistent/model"))
 
 

@@ -87,6 +87,7 @@ def _project(origin: Path) -> None:
     (origin / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"corpus": stages["corpus"]}}))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["corpus"]["n_entities"] = 12
+    params["queries"]["n_per_split"] = 2  # the eval pools of 12 entities hold 4 forget queries
     (origin / "params.yaml").write_text(yaml.safe_dump(params))
     _setup(origin)
     _run(origin, "dvc", "add", "-q", "models")

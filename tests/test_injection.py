@@ -11,6 +11,7 @@ import torch
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _parametric_fixtures import fast_params, learner_dir, one_thread, p_corpus, save_tiny_llama  # noqa: F401  (fixtures)
 
+from kbench import io
 from kbench.backends import hf
 from kbench.parametric import adapters, injection, recall
 from kbench.stages import inject as inject_stage
@@ -184,3 +185,35 @@ def test_the_cell_stage_refuses_a_mismatched_adapter_before_running(injected, le
         run_cell_stage(params, spec, corpus_dir=tmp_path / "unused", index_dir=None, adapter_path=out / "lora_td",
                        out_root=tmp_path / "cells", track=False)
     assert not (tmp_path / "cells").exists()
+
+
+def test_a_same_size_overwrite_of_the_weights_is_refused_naming_both_hashes(adapter_copy, learner_dir):
+    weights = adapter_copy / adapters.ADAPTER_WEIGHTS
+    data = bytearray(weights.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(4096)
+    weights.write_bytes(bytes(data))  # same size, still a readable safetensors file
+    assert adapters._tensor_shapes(weights)
+    with pytest.raises(io.IntegrityError, match=r"adapter_model.safetensors: content hash [0-9a-f]{16}… "
+                                                      r"differs from [0-9a-f]{16}…, the hash its stage recorded"):
+        adapters.check_injected(adapter_copy, learner_dir)
+
+
+def test_non_finite_adapter_weights_are_refused(adapter_copy, learner_dir):
+    from safetensors.torch import load_file, save_file
+
+    weights = adapter_copy / adapters.ADAPTER_WEIGHTS
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, weights)
+    io.write_hashes(adapter_copy)  # the hashes agree: only the finiteness check can catch it
+    with pytest.raises(adapters.InjectionError, match=f"tensor {name} holds NaN or infinite weights"):
+        adapters.check_injected(adapter_copy, learner_dir)
+
+
+def test_adapter_config_lists_target_modules_in_sorted_order(injected):
+    _, out, _ = injected
+    for name in ("lora_td", "lora_d", "gold"):
+        modules = json.loads((out / name / adapters.ADAPTER_CONFIG).read_text())["target_modules"]
+        assert modules == sorted(modules)

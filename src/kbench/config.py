@@ -6,12 +6,14 @@ fails at start-up with a message that names the key.
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from kbench.names import (
     BASELINE_METHOD,
@@ -68,6 +70,20 @@ class QueriesConfig(_Section):
         return self
 
 
+#: What `model.api_key_env` must look like: the name of an environment variable.
+ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def redact_url(url: str | None) -> str | None:
+    """`url` with the credentials of its authority (user:password@) replaced by `***@`."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 class ModelConfig(_Section):
     #: A registered backend (`kbench.backends`: hf, openai); checked when params load.
     backend: str = HF_BACKEND
@@ -85,6 +101,20 @@ class ModelConfig(_Section):
     #: prefixes); "generate", transformers' `generate` on the whole prompt at every step.
     engine: DecodeEngine = KV_ENGINE
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _an_env_var_name(cls, value: str) -> str:
+        # The key itself pasted here would be logged with every param: refuse it unprinted.
+        if not ENV_VAR_NAME.fullmatch(value):
+            raise ValueError("must name an environment variable (letters, digits, _), e.g. OPENAI_API_KEY, "
+                             "not hold the key itself")
+        return value
+
+    @field_serializer("base_url")
+    def _without_credentials(self, value: str | None) -> str | None:
+        """Dumped (MLflow params, inputs.json, digests) without any user:password@ it holds."""
+        return redact_url(value)
+
     @property
     def name(self) -> str:
         """The model's name in run keys and tags: the folder (or served model) name."""
@@ -98,6 +128,9 @@ class AgentConfig(_Section):
     k_distractors: int = Field(4, ge=0)
     retrieval_top_k: int = Field(3, ge=1)
     batch_size: int = Field(16, ge=1)
+    #: Longest tool observation the model is shown, in characters; a longer one is cut with a
+    #: marker, and the record's step says how much was cut (`observation_cut`).
+    max_observation_chars: int = Field(2000, ge=64)
     #: This many tool errors in a row (unknown tool, unusable arguments) end the trajectory
     #: with halted_reason "tool_fallback".
     max_consecutive_tool_errors: int = Field(2, ge=1)
@@ -286,12 +319,18 @@ class ParamsError(ValueError):
     """params.yaml is unreadable or does not match the schema; the message names the key."""
 
 
+#: Keys whose rejected value an error message must not repeat.
+SECRET_KEYS = frozenset({"model.api_key_env", "model.base_url"})
+
+
 def _format(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"]) or "<root>"
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown key '{key}'")
+        elif key in SECRET_KEYS:  # what was given there may be a secret: never echoed
+            lines.append(f"key '{key}': {item['msg']}")
         else:
             lines.append(f"key '{key}': {item['msg']} (got {item.get('input')!r})")
     return "; ".join(lines)

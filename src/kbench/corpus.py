@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
@@ -247,46 +248,48 @@ def generate_corpus(cfg: CorpusConfig) -> Corpus:
     return corpus
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
+def _read(path: Path, lines: Callable[[Path], Iterator]) -> list:
     try:
-        with path.open(encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        return list(lines(path))
     except OSError as exc:
         raise CorpusError(f"cannot read corpus file {path}: {exc.strerror}") from None
-    return rows
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) of every record of a corpus JSON Lines file; errors name file:line."""
+    return _read(path, lambda p: io.read_json_lines(p, CorpusError))
 
 
 def _read_ids(path: Path) -> list[str]:
-    try:
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as exc:
-        raise CorpusError(f"cannot read corpus file {path}: {exc.strerror}") from None
+    return [line.strip() for _, line in _read(path, lambda p: io.read_lines(p, CorpusError))]
+
+
+def _validation_message(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    return f"field '{'.'.join(str(p) for p in first['loc']) or '<record>'}': {first['msg']}"
 
 
 def load_corpus(directory: str | Path) -> Corpus:
     """Read a corpus in the K-Bench v1 layout (generated here or published) and validate it."""
     directory = Path(directory)
+    if directory.is_file():
+        raise CorpusError(f"corpus source {directory} is a file; it must be a folder in the K-Bench v1 layout")
     if not directory.is_dir():
         raise CorpusError(f"corpus folder {directory} does not exist")
     entities: dict[str, Entity] = {}
-    for lineno, row in enumerate(_read_jsonl(directory / FACTS_FILE), start=1):
+    for lineno, row in _read_jsonl(directory / FACTS_FILE):
         try:
             entity = Entity.model_validate(row)
         except ValidationError as exc:
-            raise CorpusError(f"{directory / FACTS_FILE}:{lineno}: not an entity: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}") from None
+            raise CorpusError(f"{directory / FACTS_FILE}:{lineno}: not an entity: {_validation_message(exc)}") from None
         if entity.id in entities:
             raise CorpusError(f"{directory / FACTS_FILE}:{lineno}: duplicate entity id {entity.id}")
         entities[entity.id] = entity
     queries: dict[str, Query] = {}
+    where: dict[str, str] = {}
     queries_path = directory / QUERIES_FILE
     if queries_path.exists():
-        for lineno, row in enumerate(_read_jsonl(queries_path), start=1):
+        for lineno, row in _read_jsonl(queries_path):
             try:
                 query = Query(
                     query_id=row["query_id"],
@@ -295,21 +298,38 @@ def load_corpus(directory: str | Path) -> Corpus:
                     question=row.get("query", row.get("question")),
                     ground_truth=row["ground_truth"],
                 )
-            except (KeyError, ValidationError) as exc:
-                raise CorpusError(f"{queries_path}:{lineno}: not a query ({exc})") from None
+            except KeyError as exc:
+                raise CorpusError(f"{queries_path}:{lineno}: not a query (no {exc.args[0]!r})") from None
+            except ValidationError as exc:
+                raise CorpusError(f"{queries_path}:{lineno}: not a query: {_validation_message(exc)}") from None
             queries[query.query_id] = query
+            where[query.query_id] = f"{queries_path}:{lineno}"
     pools = {name: _read_ids(directory / POOL_FILES[name]) for name in POOL_NAMES}
-    distractor_ids = [row["id"] for row in _read_jsonl(directory / DISTRACTORS_FILE)]
+    distractors_path = directory / DISTRACTORS_FILE
+    distractor_ids = []
+    for lineno, row in _read_jsonl(distractors_path):
+        if not isinstance(row.get("id"), str):
+            raise CorpusError(f"{distractors_path}:{lineno}: a distractor needs a string 'id'")
+        distractor_ids.append(row["id"])
     manifest_path = directory / MANIFEST_FILE
     source = str(directory)
     if manifest_path.exists():
-        source = json.loads(manifest_path.read_text()).get("source", source)
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorpusError(f"{manifest_path} is corrupt ({exc})") from None
+        if isinstance(manifest, dict):
+            source = manifest.get("source", source)
     corpus = Corpus(entities, pools, distractor_ids, source=source, _queries=queries)
     validate_corpus(corpus)
     for query in queries.values():
         entity = entities.get(query.entity_id)
-        if entity is None or entity.value(query.field) != query.ground_truth:
-            raise CorpusError(f"query {query.query_id} disagrees with the facts of its entity")
+        if entity is None:
+            raise CorpusError(f"{where[query.query_id]}: query {query.query_id} names entity "
+                              f"{query.entity_id}, which is not in {directory / FACTS_FILE}")
+        if entity.value(query.field) != query.ground_truth:
+            raise CorpusError(f"{where[query.query_id]}: query {query.query_id}'s ground_truth disagrees "
+                              f"with the {query.field} of {query.entity_id} in {directory / FACTS_FILE}")
     return corpus
 
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kbench.backends import backend_names
-from kbench.config import DEFAULT_PARAMS, Params, ParamsError, load_params
-from kbench.methods import method_names
-from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, PARAMETRIC
+from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
+from kbench.corpus import CorpusError, pool_sizes
+from kbench.methods import method_class, method_names
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, PARAMETRIC
+from kbench.records import SPLITS
 from kbench.observer.matcher import scoring_rule_names
 from kbench.substrates import substrate_names
 
@@ -35,16 +39,88 @@ def _check(names: list[str], registered: list[str], key: str, kind: str) -> None
         raise ParamsError(f"key '{key}': unknown {kind}(s) {unknown}; registered: {registered}")
 
 
+def _check_unique(values: list, key: str) -> None:
+    repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if repeated:
+        raise ParamsError(f"key '{key}': {repeated} listed more than once")
+
+
+def _check_grid(params: Params) -> None:
+    """Non-empty, repeat-free grids; every method reaches a substrate of the design."""
+    for key in ("seeds", "methods", "substrates"):
+        if not getattr(params, key):
+            raise ParamsError(f"key '{key}': empty; the design needs at least one")
+        _check_unique(list(getattr(params, key)), key)
+    _check_unique(list(params.p_recipes), "p_recipes")
+    if PARAMETRIC in params.substrates:
+        raise ParamsError(f"key 'substrates': lists the adapter-free substrates; {PARAMETRIC} runs "
+                          "with each of p_recipes")
+    reached = {*params.substrates, *([PARAMETRIC] if params.p_recipes else [])}
+    for name in params.methods:
+        acts_on = method_class(name).substrates
+        if not acts_on & reached:
+            raise ParamsError(
+                f"key 'methods': method {name!r} acts on {sorted(acts_on)}, none of which is in the design "
+                f"(substrates {list(params.substrates)}, p_recipes {list(params.p_recipes)})"
+            )
+
+
+def check_pools(params: Params) -> None:
+    """A generated corpus's eval pools hold `queries.n_per_split` queries (an imported corpus is
+    checked when the corpus stage reads it, `kbench.stages.corpus`)."""
+    if params.corpus.source != GENERATED:
+        return
+    try:
+        sizes = pool_sizes(params.corpus)
+    except CorpusError as exc:
+        raise ParamsError(f"key 'corpus.n_entities': {exc}") from None
+    for split in SPLITS:
+        available = sizes[f"{split}_eval"] * len(params.queries.fields)
+        if params.queries.n_per_split > available:
+            raise ParamsError(
+                f"key 'queries.n_per_split': {params.queries.n_per_split} queries per split, but the "
+                f"{split} eval pool holds {available} ({sizes[f'{split}_eval']} entities x "
+                f"{len(params.queries.fields)} fields)"
+            )
+
+
 def check_design(params: Params, *, source: str = "params") -> Params:
-    """`params` if every registered name it uses is registered; else ParamsError naming the key."""
+    """`params` if every registered name it uses is registered and its grid can run; else
+    ParamsError naming the key."""
     try:
         _check([params.model.backend], backend_names(), "model.backend", "backend")
         _check(params.substrates, substrate_names(), "substrates", "substrate")
         _check(params.methods, method_names(), "methods", "method")
         _check([params.scoring.rule], scoring_rule_names(), "scoring.rule", "scoring rule")
+        _check_grid(params)
+        check_pools(params)
     except ParamsError as exc:
         raise ParamsError(f"{source}: {exc}") from None
     return params
+
+
+def check_model_present(params: Params, *, source: str = "params", timeout_s: float = 3.0) -> None:
+    """The hf backend's `model.path` is a model folder (what `make setup` / `kbench setup`
+    builds); an endpoint backend's `model.base_url` accepts a connection."""
+    if params.model.backend != HF_BACKEND:
+        url = urlsplit(params.model.base_url or "")
+        if not url.hostname:
+            raise ParamsError(f"{source}: key 'model.base_url': the {params.model.backend} backend needs the "
+                              "endpoint's URL (e.g. http://127.0.0.1:8000/v1)")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+        except OSError as exc:
+            raise ParamsError(f"{source}: key 'model.base_url': nothing answers at {redact_url(params.model.base_url)} "
+                              f"({type(exc).__name__}); start the server or fix the URL") from None
+        return
+    folder = Path(params.model.path)
+    if not (folder / "config.json").is_file():
+        raise ParamsError(
+            f"{source}: key 'model.path': {folder} is not a model folder (no config.json); run "
+            "`make setup` (or `kbench setup`) for the default model, or point model.path at a "
+            "Hugging Face causal-LM folder"
+        )
 
 
 def load_design(path: str | Path = DEFAULT_PARAMS) -> Params:

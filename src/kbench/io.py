@@ -8,6 +8,7 @@ place the same way.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -90,3 +91,92 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         tmp.replace(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- integrity -------------------------------------------------------------------------------
+#: The content hashes a stage writes into each output folder it builds (adapters, models, the index).
+HASHES_FILE = "hashes.json"
+
+
+class IntegrityError(ValueError):
+    """A stage output's file differs from the hash its stage recorded (changed or damaged)."""
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_hashes(folder: str | Path) -> dict[str, str]:
+    """Record the SHA-256 of every file in `folder` (by relative path) in its HASHES_FILE; call it
+    last, inside the `atomic_dir` block that builds the folder."""
+    folder = Path(folder)
+    hashes = {
+        path.relative_to(folder).as_posix(): file_sha256(path)
+        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != HASHES_FILE
+    }
+    write_json(folder / HASHES_FILE, hashes)
+    return hashes
+
+
+def verify_hashes(folder: str | Path, what: str = "stage output") -> None:
+    """Raise IntegrityError unless every file HASHES_FILE lists has the hash recorded there."""
+    folder = Path(folder)
+    try:
+        recorded = json.loads((folder / HASHES_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IntegrityError(f"{folder} has no {HASHES_FILE}: not a {what} this version of kbench wrote; "
+                             "rerun its stage (dvc repro)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(f"{folder / HASHES_FILE} is corrupt ({exc}); rerun its stage (dvc repro)") from None
+    if not isinstance(recorded, dict):
+        raise IntegrityError(f"{folder / HASHES_FILE} is corrupt (a JSON object expected)")
+    for name, expected in recorded.items():
+        path = folder / name
+        if not path.is_file():
+            raise IntegrityError(f"{path} is missing from the {what} (listed in {HASHES_FILE}); rerun its stage")
+        actual = file_sha256(path)
+        if actual != expected:
+            raise IntegrityError(
+                f"{path}: content hash {actual[:16]}… differs from {expected[:16]}…, the hash its stage "
+                f"recorded: the file was changed or damaged after it was written; rerun the stage "
+                f"(dvc repro) or restore it (dvc checkout)"
+            )
+
+
+# -- reading JSON Lines ------------------------------------------------------------------------
+def read_lines(path: str | Path, error: type[Exception]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line of a UTF-8 file; a byte that is not UTF-8
+    raises `error` naming the file, line, byte and column."""
+    path = Path(path)
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise error(f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                            f"{exc.start + 1})") from None
+            if line.strip():
+                yield lineno, line
+
+
+def json_object(line: str, where: str, error: type[Exception], what: str = "a record") -> dict[str, Any]:
+    """One JSON Lines line as an object; anything else raises `error` prefixed with `where`."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deeply to be {what}") from None
+    if not isinstance(data, dict):
+        raise error(f"{where}: {what} must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def read_json_lines(path: str | Path, error: type[Exception], what: str = "a record") -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSON Lines file (see `json_object`)."""
+    for lineno, line in read_lines(path, error):
+        yield lineno, json_object(line, f"{path}:{lineno}", error, what)

@@ -6,12 +6,13 @@ Trace records are the contract between the agent (which writes them) and the obs
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kbench import io
 
 FieldName = Literal["date_of_birth", "address", "occupation", "employer"]
 Split = Literal["forget", "retain"]
@@ -92,6 +93,9 @@ class Step(BaseModel):
     thought: str | None = None
     action: Action | None = None
     observation: str | None = None
+    #: Characters cut off the end of the observation (`agent.max_observation_chars`); absent
+    #: from the record when nothing was cut.
+    observation_cut: int | None = Field(None, exclude_if=lambda value: value is None)
 
 
 class Retrieval(BaseModel):
@@ -141,28 +145,20 @@ def _describe(error: ValidationError) -> str:
 
 
 def _json_object(line: str, source: str, lineno: int) -> dict[str, Any]:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
-        raise TraceFormatError(f"{source}:{lineno}: a trace record must be a JSON object")
-    return data
+    return io.json_object(line, f"{source}:{lineno}", TraceFormatError, "a trace record")
 
 
 def iter_json_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Stream (line number, object) from a JSON Lines file; blank lines are skipped."""
-    path = Path(path)
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if line.strip():
-                yield lineno, _json_object(line, str(path), lineno)
+    return io.read_json_lines(path, TraceFormatError, "a trace record")
 
 
 def validate_trace(data: dict[str, Any], *, source: str = "<input>", lineno: int = 0) -> TraceRecord:
     """A TraceRecord from parsed JSON; errors name the source line, query_id and field."""
     try:
         return TraceRecord.model_validate(data)
+    except RecursionError:
+        raise TraceFormatError(f"{source}:{lineno}: a value nested too deeply to be a trace record") from None
     except ValidationError as exc:
         qid = data.get("query_id", "?")
         raise TraceFormatError(

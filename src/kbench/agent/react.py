@@ -1,8 +1,9 @@
 """The ReAct agent, run in lockstep batches.
 
 Every active trajectory advances one ReAct step per batched `generate` call; a trajectory
-that halts leaves the batch and a waiting query takes its place. Halted trajectories are
-summarised in batches from a fresh prompt and handed on as trace records.
+that halts leaves the batch and a waiting query takes its place. Each halted trajectory is
+handed on as a trace record at once, with its summary from a fresh prompt (computed in full
+batches that also cover queries still running: a summary does not depend on the trace).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class ReActAgent:
             query=query,
             split=split,
             conversation=react_conversation(query.question, bios, self.config.max_iters),
-            tools=ToolContext(self.substrate, query, self.config.retrieval_top_k),
+            tools=ToolContext(self.substrate, query, self.config.retrieval_top_k, self.config.max_observation_chars),
             session=self.backend.session(),
         )
 
@@ -113,7 +114,10 @@ class ReActAgent:
                 trajectory.halted_reason = "parse_error"
             return
         result = call_tool(trajectory.tools, parsed.action.tool, parsed.action.args)
-        trajectory.steps.append(Step(thought=thought, action=parsed.action, observation=result.observation))
+        trajectory.steps.append(Step(
+            thought=thought, action=parsed.action, observation=result.observation,
+            observation_cut=result.cut or None,
+        ))
         if result.retrieval is not None:
             trajectory.retrieval.append(result.retrieval)
         trajectory.conversation = [
@@ -141,11 +145,11 @@ class ReActAgent:
             if trajectory.done:
                 trajectory.session = None  # its cache is not needed any more
 
-    def summarize_batch(self, trajectories: Sequence[Trajectory]) -> None:
-        """The elicited summary: a fresh prompt per entity that sees the same substrate."""
-        if not trajectories:
-            return
-        queries = [t.query for t in trajectories]
+    def summarize(self, queries: Sequence[Query]) -> list[tuple[str | None, str | None]]:
+        """The elicited summary of each query, as (summary, summary_error): a fresh prompt per
+        entity that sees the same substrate and nothing of the ReAct trace (SPEC §4)."""
+        if not queries:
+            return []
         conversations = [
             summary_conversation(self.substrate.resources.corpus.entities[q.entity_id].name, self.substrate.background(q))
             for q in queries
@@ -155,11 +159,8 @@ class ReActAgent:
                 queries, conversations, stop=[], max_new_tokens=self.config.summary_max_new_tokens
             )
         except Exception as exc:  # recorded per SPEC §5; the channel is then dropped
-            for trajectory in trajectories:
-                trajectory.summary_error = f"{type(exc).__name__}: {exc}"
-            return
-        for trajectory, generation in zip(trajectories, generations):
-            trajectory.summary = generation.text.strip()
+            return [(None, f"{type(exc).__name__}: {exc}")] * len(queries)
+        return [(generation.text.strip(), None) for generation in generations]
 
     def record(self, trajectory: Trajectory) -> TraceRecord:
         query = trajectory.query
@@ -184,21 +185,30 @@ class ReActAgent:
         )
 
     def run(self, items: Iterable[tuple[Query, Split]], on_record: Callable[[TraceRecord], None]) -> None:
-        """Run every query; `on_record` gets each trace record as soon as it is complete."""
+        """Run every query; `on_record` gets each trace record as soon as its trajectory halts.
+
+        A trajectory that halts without its summary triggers one summary call; since a summary
+        does not depend on the trace, that call fills its batch with the queries still running
+        or waiting, so every summary batch is full and no finished record waits for others.
+        """
         waiting = deque(items)
         active: list[Trajectory] = []
-        unsummarised: list[Trajectory] = []
+        summaries: dict[str, tuple[str | None, str | None]] = {}
         batch_size = self.config.batch_size
-        while waiting or active or unsummarised:
+        while waiting or active:
             while waiting and len(active) < batch_size:
                 active.append(self.start(*waiting.popleft()))
-            if active:
-                self.step_batch(active)
-                unsummarised.extend(t for t in active if t.done)
-                active = [t for t in active if not t.done]
-            # Summaries wait for a full batch unless nothing else is left to run.
-            if len(unsummarised) >= batch_size or not (waiting or active):
-                batch, unsummarised = unsummarised[:batch_size], unsummarised[batch_size:]
-                self.summarize_batch(batch)
-                for trajectory in batch:
-                    on_record(self.record(trajectory))
+            self.step_batch(active)
+            halted = [t for t in active if t.done]
+            active = [t for t in active if not t.done]
+            needed = [t.query for t in halted if t.query.query_id not in summaries]
+            while needed:
+                wave = needed[:batch_size]
+                needed = needed[batch_size:]
+                if not needed:  # room left: the queries whose trajectories are still to finish
+                    later = [t.query for t in active] + [q for q, _ in waiting]
+                    wave += [q for q in later if q.query_id not in summaries][: batch_size - len(wave)]
+                summaries.update({q.query_id: s for q, s in zip(wave, self.summarize(wave))})
+            for trajectory in halted:
+                trajectory.summary, trajectory.summary_error = summaries.pop(trajectory.query.query_id)
+                on_record(self.record(trajectory))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kbench.records import FIELD_PHRASES, FIELDS, Query, Retrieval
 from kbench.registry import Registry
@@ -21,6 +21,8 @@ class ToolResult:
     observation: str
     error: bool = False
     retrieval: Retrieval | None = None
+    #: Characters cut off the end of the observation (`agent.max_observation_chars`), 0 if none.
+    cut: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class ToolContext:
     substrate: Substrate
     query: Query
     top_k: int
+    #: Longest observation the model is shown (`agent.max_observation_chars`); the rest is cut.
+    max_observation_chars: int
 
 
 ToolFunction = Callable[[ToolContext, list[str]], ToolResult]
@@ -177,6 +181,16 @@ def call_tool(context: ToolContext, tool_name: str, args: str) -> ToolResult:
     if len(parts) < tool.arity or not all(parts):
         return ToolResult(f"Error: {tool.name} takes {tool.signature}.", error=True)
     try:
-        return tool.run(context, parts)
+        result = tool.run(context, parts)
     except Exception as exc:  # a tool bug must end in an observation, not a crashed cell
         return ToolResult(f"Error: {tool.name} failed ({type(exc).__name__}).", error=True)
+    return _capped(result, context.max_observation_chars)
+
+
+def _capped(result: ToolResult, limit: int) -> ToolResult:
+    """The result with its observation cut to `limit` characters and marked as cut (arguments
+    come from the model, and an observation often echoes them)."""
+    cut = len(result.observation) - limit
+    if cut <= 0:
+        return result
+    return replace(result, observation=f"{result.observation[:limit]} [... {cut} characters cut]", cut=cut)

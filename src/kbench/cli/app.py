@@ -1,8 +1,9 @@
 """The one `kbench` command loop: parse, run the handler, turn a user error into one line.
 
-A user-caused failure (bad params, a corrupt corpus, trace or adapter, a missing file) is
-printed as `kbench <command>: error: <what>` and exits 2, never as a traceback; `-v` turns
-on debug logging. `kbench.cli.main` runs every command through here; each thin script in
+A user-caused failure (bad params, a corrupt corpus, trace or adapter, a missing file, an
+unreachable endpoint) is printed as `kbench <command>: error: <what>` and exits 2; any other
+exception (a bug) as one `internal error` line and exit 1. `--debug` shows the traceback
+instead; `-v` turns on debug logging (docs/troubleshooting.md). `kbench.cli.main` runs every command through here; each thin script in
 `pipelines/` runs its one stage's command through `run_stage`, so a DVC stage imports only
 the code of that stage.
 """
@@ -19,6 +20,7 @@ from types import ModuleType
 from kbench.config import DEFAULT_PARAMS
 
 EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130
 #: Errors a user can fix (every kbench error type is a ValueError; OSError: an unreadable
 #: file); printed as one line, never as a traceback.
@@ -35,6 +37,7 @@ def build_parser(modules: Sequence[ModuleType]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kbench", description=DESCRIPTION)
     parser.add_argument("--params", default=DEFAULT_PARAMS, help="params file (default: %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in modules:
         module.add_subcommands(sub)
@@ -66,14 +69,30 @@ def run(argv: Sequence[str] | None, modules: Sequence[ModuleType]) -> int:
     )
     # faiss logs each CPU-feature build it fails to load at INFO; only its warnings matter here.
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    # The HTTP client under the openai backend logs one INFO line per request: noise in a cell log.
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except USER_ERRORS as exc:
-        print(f"kbench {args.command}: error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"kbench {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"kbench {args.command}: interrupted; finished work is kept, rerun to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"kbench {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug: rerun "
+              "with --debug for the traceback and report it)", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's message on one line (a library's multi-line message is joined)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def run_stage(stage: ModuleType) -> None:

@@ -29,7 +29,8 @@ from kbench.observer.verdicts import (
     reachable_classes,
     verdicts_by_budget,
 )
-from kbench.records import SPLITS, TraceRecord, read_traces
+from kbench.names import BASELINE_METHOD
+from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord, read_traces
 
 
 def _scoring_config(args: argparse.Namespace) -> ScoringConfig:
@@ -44,10 +45,62 @@ def _scoring_config(args: argparse.Namespace) -> ScoringConfig:
     return load_params(path).scoring
 
 
-def _read(paths: Sequence[str]) -> list[TraceRecord]:
-    records = read_traces(paths)
+def _read(paths: Sequence[str], *, split: str | None = None) -> list[TraceRecord]:
+    """The records of `paths` (of `split` only, when given); a (seed, query) twice is an error."""
+    records, seen = [], {}
+    for path in paths:
+        for record in read_traces([path]):
+            if split is not None and record.split != split:
+                continue
+            key = (record.seed, record.query_id)
+            if key in seen:
+                where = f"twice in {path}" if seen[key] == path else f"in {seen[key]} and {path}"
+                raise ValueError(f"query {record.query_id} of seed {record.seed} appears {where}: a cell "
+                                 "scores each query once (remove the repeat)")
+            seen[key] = path
+            records.append(record)
     if not records:
-        raise ValueError(f"no trace records in {', '.join(paths)}")
+        raise ValueError(f"no trace records{f' of split {split}' if split else ''} in {', '.join(paths)}")
+    return records
+
+
+def _mixture(records: Sequence[TraceRecord]) -> list[str]:
+    """What `records` pool that one cell does not: several substrates, methods or splits."""
+    mixed = []
+    for label in ("substrate", "method", "split"):
+        values = sorted({getattr(r, label) for r in records})
+        if len(values) > 1:
+            mixed.append(f"{len(values)} {label}s ({', '.join(values)})")
+    return mixed
+
+
+def _warn_if_mixed(records: Sequence[TraceRecord], args: argparse.Namespace) -> None:
+    mixed = _mixture(records)
+    if mixed and not args.allow_mixed:
+        print(f"kbench {args.command}: warning: pooling {' and '.join(mixed)} into one OR; --split scores "
+              "one split, --allow-mixed pools on purpose", file=sys.stderr)
+
+
+#: `kbench verdict`'s file roles: (flag destination, method label expected, split).
+VERDICT_ROLES = (
+    ("none_forget", True, FORGET), ("none_retain", True, RETAIN),
+    ("method_forget", False, FORGET), ("method_retain", False, RETAIN),
+)
+
+
+def _role_records(args: argparse.Namespace, dest: str, baseline: bool, split: str) -> list[TraceRecord]:
+    """A verdict role's records, refused when their method or split label is another role's."""
+    paths = getattr(args, dest)
+    records = _read(paths)
+    flag = "--" + dest.replace("_", "-")
+    for record in records:
+        if (record.method == BASELINE_METHOD) != baseline:
+            wanted = f"method {BASELINE_METHOD}" if baseline else f"a method other than {BASELINE_METHOD}"
+            raise ValueError(f"{flag}: {', '.join(paths)} holds records of method {record.method} "
+                             f"({record.query_id}); this role takes {wanted}")
+        if record.split != split:
+            raise ValueError(f"{flag}: {', '.join(paths)} holds {record.split} records ({record.query_id}); "
+                             f"this role takes the {split} split")
     return records
 
 
@@ -85,7 +138,9 @@ def verdict_table(result: VerdictResult) -> str:
 
 
 def run_score(args: argparse.Namespace) -> None:
-    metrics = score_records(_read(args.files), _scoring_config(args))
+    records = _read(args.files, split=args.split)
+    _warn_if_mixed(records, args)
+    metrics = score_records(records, _scoring_config(args))
     if args.json:
         _print_json(metrics.to_json())
     else:
@@ -94,12 +149,10 @@ def run_score(args: argparse.Namespace) -> None:
 
 def run_verdict(args: argparse.Namespace) -> None:
     config = _scoring_config(args)
-    quartet = CellQuartet(
-        none_forget=score_queries(_read(args.none_forget), config.rule),
-        none_retain=score_queries(_read(args.none_retain), config.rule),
-        method_forget=score_queries(_read(args.method_forget), config.rule),
-        method_retain=score_queries(_read(args.method_retain), config.rule),
-    )
+    quartet = CellQuartet(**{
+        dest: score_queries(_role_records(args, dest, baseline, split), config.rule)
+        for dest, baseline, split in VERDICT_ROLES
+    })
     result = compare_cells(quartet, config)
     by_budget = verdicts_by_budget(quartet, config) if args.by_budget else None
     if args.json:
@@ -185,6 +238,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     score = subparsers.add_parser("score", help="metrics of the trace records given, as one cell")
     score.add_argument("files", nargs="+", metavar="FILE.jsonl")
     score.add_argument("--json", action="store_true", help="print one JSON object")
+    score.add_argument("--split", choices=SPLITS, help="score the records of this split only")
+    score.add_argument("--allow-mixed", action="store_true",
+                       help="pool several substrates, methods or splits without a warning")
     score.set_defaults(handler=run_score)
 
     verdict = subparsers.add_parser("verdict", help="a method's K-class verdict against `none`")

@@ -12,7 +12,7 @@ import yaml
 
 from kbench import tracking
 from kbench.corpus import load_corpus
-from kbench.design import load_design
+from kbench.design import check_model_present, load_design
 from kbench.parametric import agent_model_config
 from kbench.parametric.calibration import CalibrationInputs, calibrate, write_calibrated
 from kbench.stages.corpus import CORPUS_DIR
@@ -57,6 +57,7 @@ def cmd_preset(args: argparse.Namespace) -> int:
 
 def cmd_check_params(args: argparse.Namespace) -> int:
     params = load_design(args.params)
+    check_model_present(params, source=args.params)
     if args.show:
         print(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
     else:

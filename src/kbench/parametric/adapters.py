@@ -25,8 +25,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
+from kbench import io
 from kbench.config import Params
 from kbench.names import ADAPTER_FREE, CONTROL, GOLD_METHOD
 
@@ -102,6 +104,23 @@ def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise InjectionError(f"{path} is not a readable safetensors file ({exc})") from None
 
 
+def settle_adapter_config(folder: Path) -> None:
+    """Rewrite peft's adapter_config.json with `target_modules` sorted: peft keeps them in a set,
+    whose order changes from one process to the next, and the same adapter must give the same bytes."""
+    config = _read_json(folder / ADAPTER_CONFIG, "a peft adapter")
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    io.write_json(folder / ADAPTER_CONFIG, config)
+
+
+def _check_finite(path: Path) -> None:
+    """Every tensor of a weight file is finite (a NaN or inf weight silently degenerates the agent)."""
+    with safe_open(str(path), framework="pt") as handle:
+        for key in handle.keys():
+            if not torch.isfinite(handle.get_tensor(key)).all():
+                raise InjectionError(f"{path}: tensor {key} holds NaN or infinite weights; rerun `kbench inject`")
+
+
 def _check_adapter_files(path: Path, base_dir: Path) -> None:
     """adapter_config.json is a LoRA config; every LoRA matrix fits a linear layer of the base."""
     config = _read_json(path / ADAPTER_CONFIG, "a peft adapter")
@@ -149,6 +168,9 @@ def check_injected(path: str | Path, base_dir: str | Path, *, role: str | None =
             _tensor_shapes(weights)
     else:
         raise InjectionError(f"{path / INJECTION_FILE}: unknown kind {injected.kind!r}")
+    io.verify_hashes(path, "folder written by `kbench inject`")
+    for weights in sorted(path.glob("*.safetensors")):
+        _check_finite(weights)
     actual = base_fingerprint(base_dir)
     if injected.base_fingerprint != actual:
         raise InjectionError(

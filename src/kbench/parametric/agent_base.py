@@ -27,7 +27,7 @@ from kbench.agent import ReActAgent, Trajectory
 from kbench.agent.prompts import observation_turn, react_conversation
 from kbench.agent.tools import ToolContext, call_tool
 from kbench.backends import Conversation, Message, build_backend
-from kbench.backends.hf import load_model
+from kbench.backends.hf import check_model_folder, load_model
 from kbench.config import AgentBaseConfig, ModelConfig, Params
 from kbench.corpus import FORGET_ADAPTER, FORGET_EVAL, RETAIN_ADAPTER, RETAIN_EVAL, Corpus, make_entities
 from kbench.methods import MethodContext, build_method
@@ -102,7 +102,8 @@ def scripted_transcript(substrate: Substrate, query: Query, rng: random.Random, 
     phrase = FIELD_PHRASES[query.field]
     bios = substrate.background(query)
     conversation = react_conversation(query.question, bios, max_iters)
-    tools = ToolContext(substrate, query, substrate.resources.agent.retrieval_top_k)
+    agent = substrate.resources.agent
+    tools = ToolContext(substrate, query, agent.retrieval_top_k, agent.max_observation_chars)
 
     def act(step: ScriptedStep) -> str:
         conversation.append(Message(role="assistant", content=step.text()))
@@ -222,6 +223,7 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
         return {"enabled": 0.0}
     if params.model.backend != HF_BACKEND:
         raise AgentBaseError(f"agent_base.enabled needs model.backend: {HF_BACKEND}")
+    check_model_folder(params.model.path)  # before minutes of building stores for the transcripts
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as scratch:
         data = agent_base_data(params, corpus, scratch)
@@ -235,6 +237,7 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
         with io.atomic_dir(out_dir) as partial:
             merged.save_pretrained(partial)
             tokenizer.save_pretrained(partial)
+            io.write_hashes(partial)
         after = evaluate_agent(
             params.model.model_copy(update={"path": str(out_dir)}), params, data.heldout_world,
             data.heldout_queries, data.heldout_index, config.faker_seed,

@@ -123,11 +123,23 @@ def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str,
     return {"digest": digest[:20], **shaping}
 
 
+def _previous_digest(inputs_path: Path) -> str | None:
+    """The inputs digest a cell folder was made with; None if absent or unreadable (the folder
+    is then started over, never trusted and never left blocking a rerun)."""
+    try:
+        return str(json.loads(inputs_path.read_text(encoding="utf-8"))["digest"])
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        log.warning("%s is unreadable (%s): starting its cell over", inputs_path, type(exc).__name__)
+        return None
+
+
 def _prepare_output(out_dir: Path, inputs: dict) -> None:
     """Keep finished traces only if they were made from the same inputs (else start over)."""
     inputs_path = out_dir / INPUTS_FILE
     if out_dir.exists():
-        previous = json.loads(inputs_path.read_text())["digest"] if inputs_path.exists() else None
+        previous = _previous_digest(inputs_path)
         if previous != inputs["digest"]:
             if (out_dir / TRACES_FILE).exists():
                 log.warning("%s: inputs changed since its traces were made; starting the cell over", out_dir)
@@ -208,11 +220,10 @@ def run_cell_stage(
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
     corpus_fingerprint = corpus.fingerprint()
     inputs = _inputs_fingerprint(params, spec, corpus_fingerprint, {"adapter": adapter_digest})
-    _prepare_output(out_dir, inputs)
-
     fields = tuple(params.queries.fields)
     n = params.queries.n_per_split
     items = [(q, split) for split in SPLITS for q in corpus.sample_queries(split, n, spec.seed, fields)]
+    _prepare_output(out_dir, inputs)
 
     agent = setup_cell(
         params, corpus, model,

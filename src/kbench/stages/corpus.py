@@ -11,6 +11,7 @@ from kbench.cli.app import add_command
 from kbench.config import GENERATED, Params
 from kbench.corpus import Corpus, build_corpus
 from kbench.design import load_design
+from kbench.records import SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,9 @@ def watched_by_dvc(source: str) -> bool:
 def run_corpus_stage(params: Params, out: Path = CORPUS_DIR, *, track: bool = True) -> Corpus:
     """Build the corpus of `params.corpus` in `out` and record it (pool sizes as metrics)."""
     corpus = build_corpus(params.corpus, out)
+    for split in SPLITS:  # an imported corpus's pools may be too small: say so now, not at the first cell
+        for seed in params.seeds:
+            corpus.sample_queries(split, params.queries.n_per_split, seed, tuple(params.queries.fields))
     if corpus.source != GENERATED and not watched_by_dvc(corpus.source):
         log.warning(
             "corpus.source %s is outside %s/: dvc repro reruns this stage when corpus.source changes, "

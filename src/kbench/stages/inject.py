@@ -28,6 +28,7 @@ from kbench.parametric.adapters import (
     TARGET,
     base_fingerprint,
     check_injected,
+    settle_adapter_config,
 )
 from kbench.parametric.agent_base import agent_model_config
 from kbench.parametric.injection import train_injection, training_entities
@@ -68,6 +69,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
         }
         with io.atomic_dir(folder) as partial:
             run.model.save_pretrained(partial)
+            settle_adapter_config(partial)
             # The probes read the adapter merged into the weights: the same function up to float
             # rounding, without the adapter's extra matrices at every decoding step; for
             # LoRA-T+D it is exactly the merged recipe's model.
@@ -80,6 +82,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
             }
             info["metrics"] = metrics
             io.write_json(partial / INJECTION_FILE, info)
+            io.write_hashes(partial)
         check_injected(folder, base_dir, role=role)
         _record(params, folder, name, metrics, [INJECTION_FILE, ADAPTER_CONFIG], track)
         results[name] = metrics
@@ -89,6 +92,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
                 merged_model.save_pretrained(partial)
                 tokenizer.save_pretrained(partial)
                 io.write_json(partial / INJECTION_FILE, {**info, "kind": MERGED_KIND, "source_adapter": name})
+                io.write_hashes(partial)
             check_injected(merged, base_dir, role=role)
             _record(params, merged, MERGED_DIR, metrics, [INJECTION_FILE, "config.json"], track)
             results[MERGED_DIR] = metrics

@@ -64,6 +64,7 @@ def build_index(corpus_entities: Iterable[Entity], out_dir: str | Path) -> Path:
             json.dumps({"doc_id": p.doc_id, "text": p.text}) + "\n" for p in passages
         ))
         io.write_json(partial / MANIFEST_FILE, manifest, sort_keys=False)
+        io.write_hashes(partial)
     return out_dir
 
 
@@ -79,12 +80,22 @@ class TextIndex:
         directory = Path(directory)
         if not (directory / INDEX_FILE).exists():
             raise FileNotFoundError(f"no FAISS index at {directory} (run the index stage first)")
-        passages = [
-            Passage(**json.loads(line))
-            for line in (directory / PASSAGES_FILE).read_text(encoding="utf-8").splitlines()
-            if line.strip()
-        ]
-        return cls(faiss.read_index(str(directory / INDEX_FILE)), passages)
+        io.verify_hashes(directory, "FAISS index")
+        passages = []
+        path = directory / PASSAGES_FILE
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    passages.append(Passage(**json.loads(line)))
+                except (ValueError, TypeError) as exc:  # bad JSON, or not {"doc_id", "text"}
+                    raise io.IntegrityError(f"{path}:{lineno}: not a passage ({type(exc).__name__}); rerun "
+                                            "the index stage") from None
+        try:
+            index = faiss.read_index(str(directory / INDEX_FILE))
+        except RuntimeError as exc:
+            raise io.IntegrityError(f"{directory / INDEX_FILE} is not a readable FAISS index "
+                                    f"({str(exc).splitlines()[0][:120]}); rerun the index stage") from None
+        return cls(index, passages)
 
     @property
     def doc_ids(self) -> list[str]:

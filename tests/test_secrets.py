@@ -1,0 +1,89 @@
+"""Secrets stay out of what a run writes (issue 14): the API key and URL credentials.
+
+A cell runs on the openai backend against a local OpenAI-compatible stub whose URL carries
+credentials, with the key in an environment variable; afterwards mlflow.db, the cell's
+inputs.json, its other files and the log are scanned for both and hold neither.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from kbench.config import ParamsError, parse_params, redact_url
+from kbench.corpus import write_corpus
+from kbench.stages.cell import CellSpec, run_cell_stage
+
+from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+
+KEY = "sk-planted-0123456789abcdef"
+PASSWORD = "pl4nted-pa55word"
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """Answers every chat completion with a final answer (or a summary when no stop is given)."""
+
+    authorizations: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        _Stub.authorizations.append(self.headers.get("Authorization", ""))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = "Final Answer: unknown" if body.get("stop") else "A summary."
+        reply = json.dumps({
+            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://kbench:{PASSWORD}@127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_a_cell_run_writes_neither_the_key_nor_url_credentials(kbench_root, small_corpus, endpoint, monkeypatch,  # noqa: F811
+                                                                caplog):
+    monkeypatch.setenv("KBENCH_TEST_KEY", KEY)
+    caplog.set_level(logging.DEBUG)
+    params = parse_params({
+        "model": {"backend": "openai", "path": "stub-model", "base_url": endpoint, "api_key_env": "KBENCH_TEST_KEY"},
+        "agent_base": {"enabled": False},
+        "queries": {"n_per_split": 2},
+    })
+    write_corpus(small_corpus, kbench_root / "corpus")
+    out = run_cell_stage(params, CellSpec("R-struct", "none", 0), corpus_dir=kbench_root / "corpus",
+                         index_dir=None, out_root=kbench_root / "cells")
+    assert len((out / "traces.jsonl").read_text().splitlines()) == 4  # the run really went through the stub
+    expected = "Basic " + base64.b64encode(f"kbench:{PASSWORD}".encode()).decode()
+    assert set(_Stub.authorizations) == {expected}  # the credentials still reach the server
+    written = [p for p in kbench_root.rglob("*") if p.is_file()]
+    assert kbench_root / "mlflow.db" in written and out / "inputs.json" in written
+    for path in written:
+        data = path.read_bytes()
+        assert KEY.encode() not in data and PASSWORD.encode() not in data, path
+    assert KEY not in caplog.text and PASSWORD not in caplog.text
+    assert json.loads((out / "inputs.json").read_text())["model"]["base_url"].startswith("http://***@127.0.0.1:")
+
+
+def test_a_key_pasted_as_the_variable_name_is_refused_without_being_echoed():
+    with pytest.raises(ParamsError) as error:
+        parse_params({"model": {"api_key_env": KEY}})
+    assert "model.api_key_env" in str(error.value) and KEY not in str(error.value)
+    assert redact_url("https://u:p@host:1/v1") == "https://***@host:1/v1"
+    assert redact_url("http://host/v1") == "http://host/v1"
