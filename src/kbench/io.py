@@ -102,11 +102,16 @@ class IntegrityError(ValueError):
     """A stage output's file differs from the hash its stage recorded (changed or damaged)."""
 
 
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
+def feed_file(digest: Any, path: str | Path) -> None:
+    """Update a hashlib digest with a file's bytes, a megabyte at a time."""
     with Path(path).open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    feed_file(digest, path)
     return digest.hexdigest()
 
 

@@ -126,9 +126,7 @@ def hash_files(paths: list[Path]) -> str:
     digest = hashlib.sha256()
     for path in sorted(paths):
         digest.update(path.name.encode())
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        io.feed_file(digest, path)
     return digest.hexdigest()[:20]
 
 
