@@ -11,7 +11,8 @@ from kbench import tracking
 from kbench.config import ModelConfig, Params
 from kbench.design import Design
 from kbench.parametric import base_fingerprint
-from kbench.stages.cell import CellSpec, _prepare_output, cell_tags, flat_metrics, model_fingerprint, score_cell
+from kbench.parametric import model_fingerprint
+from kbench.stages.cell import CellSpec, _prepare_output, cell_tags, flat_metrics, score_cell
 
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _traces import leaking, trace, write_jsonl

@@ -35,19 +35,20 @@ def test_presets_set_every_key_and_the_same_keys():
 
 def test_cpu_full_preset_runs_every_method_with_power_and_two_seeds():
     from kbench.methods import method_names
+    from kbench.names import P_RECIPES
     from kbench.observer.power import smallest_p
     from kbench.observer.verdicts import K_REF, K_REF_INF, K_SUP, MF, reachable_classes
 
     full = load_params(REPO / "presets/cpu-full.yaml")
     default = load_params(REPO / "params.yaml")
     assert sorted(full.methods) == sorted(method_names())
-    assert sorted(full.substrates) == sorted(default.substrates) and full.p_recipes == default.p_recipes
+    assert sorted(full.substrates) == sorted(default.substrates) and full.p_recipes == list(P_RECIPES)
     assert len(full.seeds) >= 2  # tau is defined
     lowest = smallest_p(full.queries.n_per_split * len(full.seeds))
     assert {K_REF_INF, K_REF, K_SUP, MF} <= set(reachable_classes(lowest, full.scoring))
     # Nothing else differs from the CPU default.
     changed = {k for k, v in full.model_dump().items() if default.model_dump()[k] != v}
-    assert changed <= {"seeds", "queries", "methods"}
+    assert changed <= {"seeds", "queries", "methods", "p_recipes"}
 
 
 def test_paper_preset_is_paper_scale():
@@ -105,7 +106,7 @@ def test_preset_command_applies_a_validated_preset(kbench_root, capsys):
 @pytest.mark.parametrize(
     ("section", "key", "registered"),
     [
-        ("methods: [none, bogus]\n", "methods", "'gold', 'none'"),
+        ("methods: [none, bogus]\n", "methods", "'noise', 'none'"),
         ("substrates: [C, Q-fake]\n", "substrates", "'C', 'P', 'R-struct', 'R-text'"),
         ("model:\n  backend: vllm-direct\n", "model.backend", "'hf', 'openai'"),
     ],

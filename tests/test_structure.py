@@ -12,7 +12,7 @@ from _imports import ROOT, SRC, all_modules, closure, covered, find_cycle, modul
 
 from kbench.backends import backend_names
 from kbench.config import Params, load_params
-from kbench.methods import method_names
+from kbench.methods import method_config, method_names
 from kbench.names import ANSWER_RULES
 from kbench.observer.matcher import scoring_rule_names
 from kbench.substrates import substrate_names
@@ -112,9 +112,21 @@ def test_the_names_module_names_only_registered_entries():
         assert getattr(names, constant) in registered, constant
 
 
+#: Keys the CPU default sets beyond the code defaults: the method grid (every registered method)
+#: and each method's section (its `Config` defaults, written out so every constant is in params.yaml).
+_GRID_KEYS = {"methods", "method_params"}
+
+
 @pytest.mark.parametrize("path", ["params.yaml", "presets/cpu.yaml"])
 def test_the_cpu_default_params_are_the_code_defaults(path):
-    assert load_params(ROOT / path).model_dump() == Params().model_dump()
+    params = load_params(ROOT / path)
+    assert params.model_dump(exclude=_GRID_KEYS) == Params().model_dump(exclude=_GRID_KEYS)
+    assert sorted(params.methods) == sorted(method_names())  # every method is in the default grid
+    for name in method_names():
+        config = method_config(name, params)
+        written = params.method_params.get(name, {})
+        assert set(written) == set(type(config).model_fields), f"method_params.{name} must write every key"
+        assert config == type(config)(), f"method_params.{name} differs from its Config's defaults"
 
 
 def test_every_package_has_a_public_init():

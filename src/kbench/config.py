@@ -22,7 +22,7 @@ from kbench.names import (
     GOLD_METHOD,
     HF_BACKEND,
     KV_ENGINE,
-    P_RECIPES,
+    LORA,
     SPEC_ANSWER_RULE,
     STRUCT_RETRIEVAL,
     TEXT_RETRIEVAL,
@@ -282,6 +282,15 @@ class ScoringConfig(_Section):
     tv_exempt_pairs: tuple[tuple[str, str], ...] = ((TEXT_RETRIEVAL, STRUCT_RETRIEVAL),)
 
 
+class FitConfig(_Section):
+    """The `fit` stage: what methods learn from the adapter pools (docs/methods.md)."""
+
+    #: One folder per fitted method under it (fitted.safetensors, diagnostics.json, fit.json).
+    out_dir: str = "artifacts/fitted"
+    #: Prompts per forward pass when the residual stream is read.
+    batch_size: int = Field(16, ge=1)
+
+
 class TrackingConfig(_Section):
     experiment: str = "kbench"
     #: null: the SQLite store mlflow.db at the repo root (env MLFLOW_TRACKING_URI overrides).
@@ -294,10 +303,16 @@ class Params(_Section):
     queries: QueriesConfig = QueriesConfig()
     #: Adapter-free substrates (stage `cell`); P runs in `cell_p`. Checked against the registry.
     substrates: list[str] = [CONTEXT, TEXT_RETRIEVAL, STRUCT_RETRIEVAL]
-    #: Registered methods; each runs on every substrate it can act on.
+    #: Registered methods; each runs on every substrate it can act on. A params file without the
+    #: key runs the baseline and gold; params.yaml lists every registered method (docs/methods.md).
     methods: list[str] = [BASELINE_METHOD, GOLD_METHOD]
-    #: Injection recipes a P cell runs (SPEC §3: the LoRA adapter and its merged-weight form).
-    p_recipes: list[PRecipe] = list(P_RECIPES)
+    #: Injection recipes a P cell runs (SPEC §3: the LoRA adapter and its merged-weight form);
+    #: the CPU default runs the adapter, presets/cpu-full.yaml both.
+    p_recipes: list[PRecipe] = [LORA]
+    #: Each method's own section, passed straight into its constructor (its `Config` checks the
+    #: keys: `kbench.methods.method_config`); a method without an entry takes its defaults.
+    method_params: dict[str, dict[str, Any]] = {}
+    fit: FitConfig = FitConfig()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     agent_base: AgentBaseConfig = AgentBaseConfig()
@@ -323,10 +338,11 @@ class ParamsError(ValueError):
 SECRET_KEYS = frozenset({"model.api_key_env", "model.base_url"})
 
 
-def _format(error: ValidationError) -> str:
+def format_validation_error(error: ValidationError, *, prefix: str = "") -> str:
+    """One line naming each offending key (under `prefix`, e.g. `method_params.eco`)."""
     lines = []
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "<root>"
+        key = ".".join([prefix] * bool(prefix) + [str(p) for p in item["loc"]]) or "<root>"
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown key '{key}'")
         elif key in SECRET_KEYS:  # what was given there may be a secret: never echoed
@@ -340,7 +356,7 @@ def parse_params(data: dict[str, Any], *, source: str = "params") -> Params:
     try:
         return Params.model_validate(data or {})
     except ValidationError as exc:
-        raise ParamsError(f"{source}: {_format(exc)}") from None
+        raise ParamsError(f"{source}: {format_validation_error(exc)}") from None
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

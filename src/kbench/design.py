@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from kbench.backends import backend_names
 from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
 from kbench.corpus import CorpusError, pool_sizes
-from kbench.methods import method_class, method_names
+from kbench.methods import method_class, method_config, method_names
 from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, PARAMETRIC
 from kbench.records import SPLITS
 from kbench.observer.matcher import scoring_rule_names
@@ -65,6 +65,14 @@ def _check_grid(params: Params) -> None:
             )
 
 
+def _method_section(name: str, params: Params) -> None:
+    """`method_params.<name>` passes its method's `Config` (the error names the key)."""
+    try:
+        method_config(name, params)
+    except ParamsError as exc:
+        raise ParamsError(str(exc).removeprefix("params: ")) from None
+
+
 def check_pools(params: Params) -> None:
     """A generated corpus's eval pools hold `queries.n_per_split` queries (an imported corpus is
     checked when the corpus stage reads it, `kbench.stages.corpus`)."""
@@ -91,6 +99,9 @@ def check_design(params: Params, *, source: str = "params") -> Params:
         _check([params.model.backend], backend_names(), "model.backend", "backend")
         _check(params.substrates, substrate_names(), "substrates", "substrate")
         _check(params.methods, method_names(), "methods", "method")
+        _check(list(params.method_params), method_names(), "method_params", "method")
+        for name in params.method_params:
+            _method_section(name, params)
         _check([params.scoring.rule], scoring_rule_names(), "scoring.rule", "scoring rule")
         _check_grid(params)
         check_pools(params)

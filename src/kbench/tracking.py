@@ -53,6 +53,7 @@ TAG_TRIAL_STATE = "kbench.trial_state"
 TAG_HALTED_REASON = "kbench.halted_reason"
 #: Run kinds (TAG_KIND), one per stage output and tool that logs a run.
 KIND_CORPUS, KIND_AGENT_BASE, KIND_INJECT, KIND_CELL, KIND_COMPARE = "corpus", "agent_base", "inject", "cell", "compare"
+KIND_FIT = "fit"
 KIND_CALIBRATE, KIND_CALIBRATE_TRIAL = "calibrate", "calibrate_trial"
 #: A stage output folder that MLflow can rebuild from holds this manifest.
 RUN_MANIFEST = "run.json"

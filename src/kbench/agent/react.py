@@ -75,11 +75,13 @@ class ReActAgent:
         if "input" in hooks:
             conversations = [self.method.rewrite_input(q, c) for q, c in zip(queries, conversations)]
         forward = self.method.forward_hooks(self.backend, queries) if "forward" in hooks else nullcontext()
+        if sessions is not None and "forward" in hooks:  # a hook that must see the whole prompt again
+            sessions = [self.backend.session() if self.method.fresh_prompt(q) else s for q, s in zip(queries, sessions)]
         with forward:
-            # A forward hook may treat queries differently, so prompts of other queries share no cache.
+            # A hook that treats queries differently must not see one query's prefix reused for another.
             generations = self.backend.generate(
                 conversations, stop=stop, max_new_tokens=max_new_tokens, sessions=sessions,
-                share_prefixes="forward" not in hooks,
+                share_prefixes="forward" not in hooks or self.method.uniform_forward,
             )
         if "output" in hooks:
             generations = [

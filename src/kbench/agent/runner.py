@@ -20,7 +20,7 @@ from kbench.agent.react import ReActAgent
 from kbench.backends import build_backend
 from kbench.config import ModelConfig, Params
 from kbench.corpus import Corpus
-from kbench.methods import MethodContext, build_method
+from kbench.methods import Fitted, MethodContext, MethodError, build_method
 from kbench.records import Query, Split, TraceFormatError, TraceRecord, parse_trace_line
 from kbench.substrates import build_substrate
 
@@ -38,12 +38,14 @@ def setup_cell(
     index_dir: str | Path | None = None,
     adapter_path: str | None = None,
     merge_adapter: bool = False,
+    fitted: Fitted | None = None,
 ) -> ReActAgent:
     """Build the deployed agent of one cell.
 
     `model` is the agent's model section (`kbench.parametric.agent_model_config`);
     `adapter_path` is the P adapter, or the LoRA-D control adapter on another substrate;
-    `merge_adapter` merges it into the weights (the merged-weight variant of P).
+    `merge_adapter` merges it into the weights (the merged-weight variant of P); `fitted` is
+    what the `fit` stage learned for a method that fits (`kbench.methods.fitting.load_fitted`).
     """
     cell_substrate = build_substrate(
         substrate, corpus, params.agent, seed=seed, index_dir=index_dir, adapter_path=adapter_path
@@ -53,6 +55,10 @@ def setup_cell(
     cell_method.check_deployable(substrate, backend)
     if cell_substrate.adapter_path is not None:
         backend.load_adapter(cell_substrate.adapter_path, merge=merge_adapter)
+    if cell_method.fits:
+        if fitted is None:
+            raise MethodError(f"method {method!r} fits in the `fit` stage; its cell needs the fitted artifact")
+        cell_method.load_fitted(fitted)
     if "weights" in cell_method.hooks:
         cell_method.edit_weights(backend)
     return ReActAgent(backend, cell_substrate, cell_method, params.agent, seed=seed)

@@ -212,6 +212,13 @@ class HFBackend(Backend):
         self._model = (wrapped.merge_and_unload() if merge else wrapped).eval()
         self._engine = Engine(self._model, self._tokenizer, self._end_of_turn_ids)
 
+    @property
+    def batch_rows(self) -> tuple[int, ...] | None:
+        """Which conversations of the running `generate` call the rows of the forward pass now
+        running are (for a forward hook): indices under the KV engine, () for a shared-prefix
+        pass, None under `model.engine: generate` (every row, in order)."""
+        return None if self._reference else self._engine.active_rows
+
     def session(self) -> KVState | None:
         """A fresh KV state for one trajectory (None under `model.engine: generate`)."""
         return None if self._reference else KVState()

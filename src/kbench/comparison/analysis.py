@@ -5,7 +5,8 @@ their seeds. Each method row is paired with the `none` row of the same base mode
 and recipe (docs/tracking.md); LoRA-D rows are degeneration controls read beside the
 adapter-free baseline of their substrate. Every metric, test and verdict comes from the
 observer modules (metrics, statistics, verdicts); this module only decides what is compared
-with what and which tests form a Benjamini–Hochberg family.
+with what and which tests form a Benjamini–Hochberg family, and on which splits a method
+changed nothing at all (its trace records are the baseline's, byte for byte: `noop_splits`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kbench.config import ScoringConfig
-from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, FIELD_AWARE_RULE, LORA
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, FIELD_AWARE_RULE, GOLD_METHOD, LORA
 from kbench.observer.channels import ATTACKER_BUDGETS
 from kbench.observer.matcher import scoring_rule_names
 from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
@@ -120,6 +121,7 @@ class Row:
     seeds: tuple[int, ...]
     pooled: dict[str, ScoredQueries]  # split -> queries of every seed
     by_seed: dict[int, dict[str, ScoredQueries]]  # seed -> split -> queries
+    records: dict[int, tuple[TraceRecord, ...]]  # seed -> the cell run's trace records
 
 
 def _split(records: Sequence[TraceRecord], split: str, where: str, rule: str) -> ScoredQueries:
@@ -151,8 +153,50 @@ def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE) -> dict[R
                 run.seed: {split: _split(run.records, split, f"run {run.run_id} ({key})", rule) for split in SPLITS}
                 for run in runs
             },
+            records={run.seed: run.records for run in runs},
         )
     return rows
+
+
+def trace_bytes(record: TraceRecord) -> str:
+    """A trace record as traces.jsonl holds it (`model_dump_json`), its `method` set to the
+    baseline's, so that a method's record and the baseline's compare byte for byte."""
+    return record.model_copy(update={"method": BASELINE_METHOD}).model_dump_json()
+
+
+def identical_traces(records: Sequence[TraceRecord], baseline: Sequence[TraceRecord]) -> bool:
+    """The records are the baseline's: the same query ids, and each query's record serialized
+    as the baseline's record of that query (`trace_bytes`, the `method` field aside)."""
+
+    def by_query(chosen: Sequence[TraceRecord]) -> list[tuple[str, str]]:
+        return sorted((record.query_id, trace_bytes(record)) for record in chosen)
+
+    return by_query(records) == by_query(baseline)
+
+
+def noop_splits(row: Row, baseline: Row) -> tuple[str, ...]:
+    """The splits on which the method of `row` changed nothing, in SPLITS order.
+
+    A split is a no-op when every cell run of the row (one per seed) has a baseline cell of
+    the same seed, and the two cells' records of that split are identical (`identical_traces`).
+    `baseline` must be the `none` row of the same base model, substrate and recipe; a baseline
+    row, the `gold` row (another adapter) and a LoRA-D control are never no-ops.
+    """
+    key = row.key
+    same_cell = RowKey(key.base_model, key.substrate, key.recipe, BASELINE_METHOD)
+    if key.is_baseline or key.is_control or key.method == GOLD_METHOD or baseline.key != same_cell:
+        return ()
+
+    def identical_on(split: str) -> bool:
+        return all(
+            seed in baseline.records
+            and identical_traces(
+                [r for r in records if r.split == split], [r for r in baseline.records[seed] if r.split == split]
+            )
+            for seed, records in row.records.items()
+        )
+
+    return tuple(split for split in SPLITS if identical_on(split))
 
 
 @dataclass(frozen=True)
@@ -177,6 +221,9 @@ class RowResult:
     smallest_p_adj: float | None = None
     #: The K-classes that bound leaves reachable (`reachable_classes`); empty for a baseline row.
     reachable: tuple[str, ...] = ()
+    #: The splits on which the method's trace records are the baseline's, byte for byte
+    #: (`noop_splits`): it changed nothing there. Empty for the baseline and `gold` rows.
+    noop_splits: tuple[str, ...] = ()
 
     @property
     def flips(self) -> bool:
@@ -382,6 +429,7 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
                 by_budget=by_budget,
                 smallest_p_adj=smallest.get(key),
                 reachable=() if key.is_baseline else reachable_classes(smallest[key], config),
+                noop_splits=noop_splits(row, rows[key.baseline]),
             )
         )
     return results

@@ -256,6 +256,7 @@ def comparison_json(comparison: Comparison, provenance: Provenance | None = None
                 "pairs": r.test_forget.pairs,
                 "smallest_p_adj": r.smallest_p_adj,
                 "reachable_classes": list(r.reachable),
+                "noop_splits": list(r.noop_splits),
                 "forget": r.forget.to_json(),
                 "retain": r.retain.to_json(),
                 "by_budget": {b: v.to_json() for b, v in r.by_budget.items()},

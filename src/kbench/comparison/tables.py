@@ -53,6 +53,11 @@ def shown_verdict(result: RowResult) -> str:
     return "baseline" if result.key.is_baseline and verdict not in UNSCORED_VERDICTS else verdict
 
 
+def shown_noop(result: RowResult) -> str:
+    """`no-op on forget, retain` for a method whose traces are the baseline's on those splits, else blank."""
+    return f"no-op on {', '.join(result.noop_splits)}" if result.noop_splits else ""
+
+
 def shown_k_score(result: RowResult) -> str:
     """K-Score, or TC for a collapsed agent (never 0: a collapse is not a perfect forget)."""
     k = result.verdict.k_score
@@ -79,14 +84,14 @@ def _cer_cells(metrics: CellMetrics) -> list[str]:
 
 
 LEADERBOARD_COLUMNS = (
-    "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
+    "Method", "Recipe", "Verdict", "No-op", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
     "Δsel", "D1", "Degen forget", "Degen retain", "Δdegen", "p", "p_adj", "p_adj retain", "Pairs",
     "Smallest p_adj", "Reachable classes", *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs",
     "Baseline runs",
 )
 #: The leaderboard columns leaderboard.md keeps (the README shows it; the HTML has them all).
 MARKDOWN_COLUMNS = (
-    "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
+    "Method", "Recipe", "Verdict", "No-op", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
     "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Pairs", "Smallest p_adj", "Dominant", "Seeds",
 )
 
@@ -97,6 +102,7 @@ def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
         result.key.method,
         result.key.recipe,
         shown_verdict(result),
+        shown_noop(result),
         shown_k_score(result),
         fmt_with_ci(result.forget.or_all, result.forget.ci.or_all),
         fmt_with_ci(result.retain.or_all, result.retain.ci.or_all),
@@ -133,7 +139,9 @@ def leaderboards(comparison: Comparison) -> list[Table]:
                 "the forget (p_adj retain: retain) family of every method row in this report. "
                 "Smallest p_adj: the least the row could reach with its pairs (every pair discordant, "
                 "all one way, and every other test of the family at its own least); reachable "
-                "classes: the K-classes that bound allows.",
+                "classes: the K-classes that bound allows. No-op: the splits on which the method's "
+                "trace records are the baseline's, byte for byte (same seeds and query ids, the "
+                "method field aside): it changed nothing there, and a no-op on forget forgot nothing.",
             )
         )
     return tables

@@ -9,29 +9,35 @@ import pkgutil
 
 from kbench.methods.base import (
     ALL_SUBSTRATES,
+    Fitted,
     Hook,
     Method,
+    MethodConfig,
     MethodContext,
     MethodError,
     build_method,
     method_class,
+    method_config,
     method_names,
     register_method,
     unregister_method,
 )
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
+    if _module.name not in {"base", "activation", "fitting", "residual"}:  # the interface and shared helpers
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "ALL_SUBSTRATES",
+    "Fitted",
     "Hook",
     "Method",
+    "MethodConfig",
     "MethodContext",
     "MethodError",
     "build_method",
     "method_class",
+    "method_config",
     "method_names",
     "register_method",
     "unregister_method",

@@ -11,21 +11,33 @@ and the hooks it uses; the harness calls exactly those:
 
 `weights` and `forward` need a backend with weights; asking for them on the openai backend
 is an error at cell set-up.
+
+A method's constants are its params section, `method_params.<name>`, validated by its
+`Config` model and passed straight into its constructor, so a key means the same thing in
+every run. A method that learns something (a direction, an eraser, a gate) implements
+`fit(data)`: the `fit` stage calls it once per base model on the adapter pools
+(`kbench.methods.fitting`), writes what it returns under `artifacts/fitted/<name>/`, and every
+cell hands it back through `load_fitted` (docs/methods.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kbench.backends import Backend, Conversation
-from kbench.config import Params
+from kbench.config import Params, ParamsError, format_validation_error
 from kbench.corpus import Corpus
 from kbench.records import Query
 from kbench.registry import Registry
 from kbench.substrates import substrate_names
+
+if TYPE_CHECKING:
+    import torch
 
 Hook = Literal["weights", "input", "forward", "output"]
 _HOOK_FUNCTIONS: dict[str, str] = {
@@ -52,17 +64,54 @@ class MethodContext:
     seed: int
 
 
+class MethodConfig(BaseModel):
+    """A method's params section (`method_params.<name>`); a method subclasses it with its keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class Fitted:
+    """What a method's `fit` learned: tensors (saved as safetensors) and JSON diagnostics."""
+
+    #: Named tensors the method needs at inference (directions, an eraser, probe weights).
+    tensors: dict[str, "torch.Tensor"] = field(default_factory=dict)
+    #: What the fit measured (held-out accuracies, erased directions, edit norms), for MLflow and docs.
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
 class Method:
     name: ClassVar[str]
     substrates: ClassVar[frozenset[str]]
     hooks: ClassVar[frozenset[Hook]]
+    #: The params section's model; `method_params.<name>` is validated by it.
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+    #: True when the method learns something in the `fit` stage (it implements `fit`; set at registration).
+    fits: ClassVar[bool] = False
+    #: True when the forward hook edits every batch row alike: rows may then share prefilled
+    #: prompt prefixes (a hook that treats queries differently must not).
+    uniform_forward: ClassVar[bool] = False
 
-    def __init__(self, context: MethodContext) -> None:
+    def __init__(self, context: MethodContext, config: MethodConfig | None = None) -> None:
         self.context = context
+        self.config = method_config(self.name, context.params) if config is None else config
 
     @property
     def needs_weights(self) -> bool:
         return bool(self.hooks & WEIGHT_HOOKS)
+
+    def fit(self, data: Any) -> Fitted:
+        """Learn what the method needs from the adapter pools (`data`, a
+        `kbench.methods.fitting.FitData`); called by the fit stage."""
+        raise NotImplementedError(f"method {self.name!r} fits nothing")
+
+    def load_fitted(self, fitted: Fitted) -> None:
+        """Take back what `fit` returned (from `artifacts/fitted/<name>/`) before a cell runs."""
+
+    def fresh_prompt(self, query: Query) -> bool:
+        """True: every generation of `query` re-encodes its whole prompt instead of reusing the
+        cached prefix (a forward hook that must see every prompt token, e.g. ECO's)."""
+        return False
 
     def edit_weights(self, backend: Backend) -> None:
         """Change the model once per cell."""
@@ -108,6 +157,7 @@ def register_method(
                 f"method {name!r} declares hooks {sorted(hooks)} but implements {sorted(overridden)}"
             )
         cls.name, cls.substrates, cls.hooks = name, frozenset(substrates), frozenset(hooks)
+        cls.fits = cls.fit is not Method.fit
         return _METHODS.add(name, cls)
 
     return decorate
@@ -124,6 +174,15 @@ def method_names() -> list[str]:
 
 def method_class(name: str) -> type[Method]:
     return _METHODS.get(name)
+
+
+def method_config(name: str, params: Params) -> MethodConfig:
+    """`method_params.<name>` validated by the method's `Config` (defaults where absent)."""
+    cls = method_class(name)
+    try:
+        return cls.Config.model_validate(params.method_params.get(name) or {})
+    except ValidationError as exc:
+        raise ParamsError(f"params: {format_validation_error(exc, prefix=f'method_params.{name}')}") from None
 
 
 def build_method(name: str, context: MethodContext) -> Method:

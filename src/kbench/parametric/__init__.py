@@ -18,6 +18,7 @@ from kbench.parametric.adapters import (
     cell_adapter_role,
     check_cell_adapter,
     check_injected,
+    model_fingerprint,
 )
 from kbench.parametric.agent_base import AgentBaseError, agent_model_config, train_agent_base
 from kbench.parametric.injection import record_conversations, train_injection, training_entities
@@ -43,6 +44,7 @@ __all__ = [
     "check_cell_adapter",
     "check_injected",
     "direct_recall",
+    "model_fingerprint",
     "recall_metrics",
     "record_conversations",
     "summary_recall",

@@ -29,8 +29,8 @@ import torch
 from safetensors import safe_open
 
 from kbench import io
-from kbench.config import Params
-from kbench.names import ADAPTER_FREE, CONTROL, GOLD_METHOD
+from kbench.config import ModelConfig, Params
+from kbench.names import ADAPTER_FREE, CONTROL, GOLD_METHOD, HF_BACKEND
 
 INJECTION_FILE = "injection.json"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -81,6 +81,14 @@ class Injected:
     entities: tuple[str, ...]
     base_fingerprint: str
 
+
+
+def model_fingerprint(model: ModelConfig) -> str:
+    """Identity of the weights a cell's agent runs on (before any injection): the fingerprint
+    of the model folder for the local backend, the served model's name for an endpoint."""
+    if model.backend == HF_BACKEND:
+        return base_fingerprint(model.path)
+    return f"{model.backend}:{model.name}"
 
 def _read_json(path: Path, what: str) -> dict:
     try:

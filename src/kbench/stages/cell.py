@@ -18,22 +18,22 @@ from pathlib import Path
 from kbench import io, tracking
 from kbench.agent import run_cell, setup_cell
 from kbench.cli.app import add_command
-from kbench.config import ModelConfig, Params
+from kbench.config import Params
 from kbench.corpus import load_corpus
 from kbench.design import design_digest, load_design
-from kbench.methods import method_class
+from kbench.methods import method_class, method_config
+from kbench.methods.fitting import fitted_dir, load_fitted
 from kbench.names import (
     ADAPTER_FREE,
     BASELINE_METHOD,
     CONTROL,
-    HF_BACKEND,
     MERGED,
     P_RECIPES,
     PARAMETRIC,
     RECIPES,
 )
 from kbench.observer.metrics import score_records
-from kbench.parametric import agent_model_config, base_fingerprint, cell_adapter, check_cell_adapter
+from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapter, model_fingerprint
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
@@ -108,8 +108,9 @@ def write_skipped(out_root: Path, spec: CellSpec, reason: str) -> Path:
     return stage_dir
 
 
-#: Params sections that do not shape a trajectory (the cell list, scoring, where runs go).
-_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus"}
+#: Params sections that do not shape a trajectory (the cell list, scoring, where runs go); a
+#: cell adds its own method's section and fitted artifact (`run_cell_stage`).
+_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus", "method_params", "fit"}
 
 
 def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str, extra: dict) -> dict:
@@ -149,14 +150,6 @@ def _prepare_output(out_dir: Path, inputs: dict) -> None:
                 (out_dir / stale).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     io.write_json(inputs_path, inputs, default=str)
-
-
-def model_fingerprint(model: ModelConfig) -> str:
-    """Identity of the weights a cell's agent runs on (before any injection): the fingerprint
-    of the model folder for the local backend, the served model's name for an endpoint."""
-    if model.backend == HF_BACKEND:
-        return base_fingerprint(model.path)
-    return f"{model.backend}:{model.name}"
 
 
 def cell_tags(params: Params, spec: CellSpec, corpus_fingerprint: str, model: str) -> dict[str, str]:
@@ -218,8 +211,18 @@ def run_cell_stage(
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.stage_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
+    fitted, fitted_digest = None, None
+    if method_class(spec.method).fits:
+        fitted = load_fitted(params, spec.method, model_fingerprint(model))
+        fitted_digest = tracking.output_hash(fitted_dir(params, spec.method))
     corpus_fingerprint = corpus.fingerprint()
-    inputs = _inputs_fingerprint(params, spec, corpus_fingerprint, {"adapter": adapter_digest})
+    inputs = _inputs_fingerprint(params, spec, corpus_fingerprint, {
+        "adapter": adapter_digest,
+        # the method's own section and fitted artifact shape its trajectories; no other method's does
+        **({"method_params": method_config(spec.method, params).model_dump(mode="json")}
+           if method_class(spec.method).Config.model_fields else {}),
+        **({"fitted": fitted_digest} if fitted_digest else {}),
+    })
     fields = tuple(params.queries.fields)
     n = params.queries.n_per_split
     items = [(q, split) for split in SPLITS for q in corpus.sample_queries(split, n, spec.seed, fields)]
@@ -229,7 +232,7 @@ def run_cell_stage(
         params, corpus, model,
         substrate=spec.substrate, method=spec.method, seed=spec.seed,
         index_dir=index_dir, adapter_path=str(adapter_path) if adapter_path else None,
-        merge_adapter=spec.recipe == MERGED,
+        merge_adapter=spec.recipe == MERGED, fitted=fitted,
     )
     records = run_cell(agent, items, out_dir / TRACES_FILE)
     metrics = score_cell(records, params, spec.seed)
