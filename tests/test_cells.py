@@ -22,7 +22,7 @@ def test_cell_identity_and_recipe_rules():
     spec = CellSpec("C", "none", 137)
     assert spec.cell_id == "C__none__none__s137"
     assert spec.key("smollm2") == "smollm2/C/none/none/137"
-    assert spec.stage_dir == "C__none__s137"
+    assert spec.stage_dir == "C__s137" and spec.method_dir == "C__s137/none"
     assert CellSpec("P", "ga", 0, "merged").cell_id == "P__merged__ga__s0"
     with pytest.raises(ValueError, match="does not fit substrate P"):
         CellSpec("P", "none", 0)

@@ -307,3 +307,34 @@ def test_fitting_on_an_endpoint_is_refused_for_weight_methods(tmp_path, small_co
                       "fit": {"out_dir": str(tmp_path / "fitted")}})
     with pytest.raises(MethodError, match="'repe' fits on model weights; the openai backend has none"):
         run_fit_stage(p, small_corpus, track=False)
+
+
+def test_all_methods_runs_cells_side_by_side_with_the_traces_of_one_at_a_time(
+    kbench_root, tiny_model_dir, small_corpus, index_dir  # noqa: F811
+):
+    """`kbench cell --all-methods`: every method of the design, two cells at a time on one
+    thread each, gives the traces of each cell run alone on all threads; an unreachable method
+    leaves a skip marker; the parent logs every cell to MLflow."""
+    import mlflow
+    import yaml
+
+    from kbench import tracking
+    from kbench.cli.main import main
+    from kbench.corpus import write_corpus
+
+    corpus_dir = kbench_root / "corpus"
+    write_corpus(small_corpus, corpus_dir)
+    p = _params(kbench_root, tiny_model_dir, methods=["none", "gold", "star", "repe"])
+    run_fit_stage(p, small_corpus, track=False)
+    params_file = kbench_root / "params.yaml"
+    params_file.write_text(yaml.safe_dump(p.model_dump(mode="json")))
+    common = ["--params", str(params_file), "cell", "--substrate", "R-struct", "--seed", "0",
+              "--corpus", str(corpus_dir), "--index", str(index_dir), "--no-progress"]
+    assert main([*common, "--all-methods", "--out-root", "side"]) == 0
+    for method in ("none", "star", "repe"):
+        assert main([*common, "--method", method, "--out-root", "alone", "--no-track"]) == 0
+        side = (kbench_root / f"side/R-struct__s0/{method}/none/traces.jsonl").read_bytes()
+        assert side == (kbench_root / f"alone/R-struct__s0/{method}/none/traces.jsonl").read_bytes(), method
+    assert json.loads((kbench_root / "side/R-struct__s0/gold/skipped.json").read_text())["reason"]
+    runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")
+    assert sorted(r.data.tags[tracking.TAG_METHOD] for r in runs) == ["none", "repe", "star"]

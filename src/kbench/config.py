@@ -291,6 +291,15 @@ class FitConfig(_Section):
     batch_size: int = Field(16, ge=1)
 
 
+class ExecutionConfig(_Section):
+    """How stages use the machine; nothing here changes a result."""
+
+    #: Cells a stage runs side by side (`kbench cell --all-methods`), each on cpu_count /
+    #: cell_workers threads: on 2 CPU cores two 1-thread cells finish 1.4x sooner than one after
+    #: the other on 2 threads, with identical traces (BENCHMARKS.md). 1 on a GPU.
+    cell_workers: int = Field(2, ge=1)
+
+
 class TrackingConfig(_Section):
     experiment: str = "kbench"
     #: null: the SQLite store mlflow.db at the repo root (env MLFLOW_TRACKING_URI overrides).
@@ -313,6 +322,7 @@ class Params(_Section):
     #: keys: `kbench.methods.method_config`); a method without an entry takes its defaults.
     method_params: dict[str, dict[str, Any]] = {}
     fit: FitConfig = FitConfig()
+    execution: ExecutionConfig = ExecutionConfig()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     agent_base: AgentBaseConfig = AgentBaseConfig()

@@ -11,7 +11,11 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +75,13 @@ class CellSpec:
 
     @property
     def stage_dir(self) -> str:
-        """The DVC matrix output (substrate x method x seed); recipes are folders inside it."""
-        return f"{self.substrate}__{self.method}__s{self.seed}"
+        """The DVC matrix output (substrate x seed): one folder per method inside it, and one
+        per recipe inside that."""
+        return f"{self.substrate}__s{self.seed}"
+
+    @property
+    def method_dir(self) -> str:
+        return f"{self.stage_dir}/{self.method}"
 
     def key(self, base_model: str) -> str:
         return f"{base_model}/{self.substrate}/{self.recipe}/{self.method}/{self.seed}"
@@ -99,18 +108,18 @@ def unreachable_reason(substrate: str, method: str) -> str | None:
 
 
 def write_skipped(out_root: Path, spec: CellSpec, reason: str) -> Path:
-    """The DVC output of a matrix entry whose method cannot reach its substrate."""
-    stage_dir = out_root / spec.stage_dir
-    if stage_dir.exists():
-        shutil.rmtree(stage_dir)
-    stage_dir.mkdir(parents=True)
-    io.write_json(stage_dir / SKIPPED_FILE, {"reason": reason})
-    return stage_dir
+    """The folder of a method that cannot reach the substrate: a skip marker saying why."""
+    method_dir = out_root / spec.method_dir
+    if method_dir.exists():
+        shutil.rmtree(method_dir)
+    method_dir.mkdir(parents=True)
+    io.write_json(method_dir / SKIPPED_FILE, {"reason": reason})
+    return method_dir
 
 
 #: Params sections that do not shape a trajectory (the cell list, scoring, where runs go); a
 #: cell adds its own method's section and fitted artifact (`run_cell_stage`).
-_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus", "method_params", "fit"}
+_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus", "method_params", "fit", "execution"}
 
 
 def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str, extra: dict) -> dict:
@@ -201,6 +210,7 @@ def run_cell_stage(
     adapter_path: Path | None = None,
     out_root: Path = CELLS_DIR,
     track: bool = True,
+    progress: bool = True,
 ) -> Path:
     """Run (or resume) one cell and record it; returns the cell's output folder."""
     model = agent_model_config(params)
@@ -209,7 +219,7 @@ def run_cell_stage(
     if adapter_path is not None:
         check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
     corpus = load_corpus(corpus_dir)
-    out_dir = out_root / spec.stage_dir / spec.recipe
+    out_dir = out_root / spec.method_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
     fitted, fitted_digest = None, None
     if method_class(spec.method).fits:
@@ -234,7 +244,7 @@ def run_cell_stage(
         index_dir=index_dir, adapter_path=str(adapter_path) if adapter_path else None,
         merge_adapter=spec.recipe == MERGED, fitted=fitted,
     )
-    records = run_cell(agent, items, out_dir / TRACES_FILE)
+    records = run_cell(agent, items, out_dir / TRACES_FILE, progress=progress)
     metrics = score_cell(records, params, spec.seed)
     io.write_json(out_dir / METRICS_FILE, metrics)
 
@@ -250,9 +260,73 @@ def run_cell_stage(
     return out_dir
 
 
+def _cell_command(args: argparse.Namespace, method: str) -> list[str]:
+    """The `kbench cell` call of one method of an --all-methods run (untracked: the parent logs it)."""
+    command = [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "cell", "--substrate",
+               args.substrate, "--method", method, "--seed", str(args.seed), "--corpus", args.corpus,
+               "--index", args.index, "--out-root", args.out_root, "--no-track", "--no-progress"]
+    if args.recipe:
+        command += ["--recipe", args.recipe]
+    if args.adapter:
+        command += ["--adapter", args.adapter]
+    return command
+
+
+def run_all_methods(params: Params, args: argparse.Namespace) -> None:
+    """Every method of the design on one substrate and seed, `execution.cell_workers` cells side
+    by side, each on its share of the cores (a cell's traces do not depend on its thread count:
+    tests/test_cells.py); each finished cell is then logged to MLflow by this process alone."""
+    out_root = Path(args.out_root)
+    todo = []
+    for method in params.methods:
+        spec = CellSpec(args.substrate, method, args.seed, cell_recipes(params, args.substrate, args.recipe)[0])
+        reason = unreachable_reason(args.substrate, method)
+        if reason is None:
+            todo.append(method)
+        else:
+            write_skipped(out_root, spec, reason)
+            log.info("%s: %s (skip marker written)", spec.method_dir, reason)
+    workers = max(1, min(params.execution.cell_workers, len(todo)))
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    log.info("cells of %s seed %d: %s, %d at a time on %s thread(s) each",
+             args.substrate, args.seed, ", ".join(todo), workers, threads)
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    failed = []
+    while todo or running:
+        while todo and len(running) < workers:
+            method = todo.pop(0)
+            running[method] = (subprocess.Popen(_cell_command(args, method), env=env), time.perf_counter())
+        time.sleep(0.2)
+        for method, (process, started) in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[method]
+            if process.returncode != 0:
+                failed.append(f"{method} (exit {process.returncode})")
+                continue
+            log.info("cell %s/%s seed %d finished in %.0f s", args.substrate, method, args.seed,
+                     time.perf_counter() - started)
+            if not args.no_track:
+                for recipe_dir in sorted((out_root / CellSpec(args.substrate, method, args.seed).method_dir).iterdir()):
+                    if (recipe_dir / tracking.RUN_MANIFEST).exists():
+                        tracking.log_output(params, recipe_dir)
+    if failed:
+        raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
+                        "messages are above; finished cells are kept and a rerun resumes)")
+
+
+class CellError(ValueError):
+    """A cell of an --all-methods run failed (its own message says why)."""
+
+
 def cmd_cell(args: argparse.Namespace) -> int:
-    """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record."""
+    """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record; with
+    --all-methods, every method of the design on the substrate."""
     params = load_design(args.params)
+    if args.all_methods:
+        run_all_methods(params, args)
+        return 0
     out_root = Path(args.out_root)
     specs = [CellSpec(args.substrate, args.method, args.seed, recipe)
              for recipe in cell_recipes(params, args.substrate, args.recipe)]
@@ -267,7 +341,7 @@ def cmd_cell(args: argparse.Namespace) -> int:
         out = run_cell_stage(
             params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
             adapter_path=Path(args.adapter) if args.adapter else None,
-            out_root=out_root, track=not args.no_track,
+            out_root=out_root, track=not args.no_track, progress=not args.no_progress,
         )
         print(f"cell {spec.cell_id}: {out}")
     return 0
@@ -285,10 +359,15 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         f"{' or '.join(P_RECIPES)} (default: every one in p_recipes)",
     )
     p.add_argument(
-        "--skip-unreachable", action="store_true",
-        help="a method that cannot act on the substrate writes a skip marker instead of failing "
-        "(the DVC matrix crosses every substrate with every method)",
+        "--all-methods", action="store_true",
+        help="run every method of the design (`methods`) on the substrate, execution.cell_workers cells "
+        "side by side; a method that cannot act on it leaves a skip marker (the DVC stages use this)",
     )
+    p.add_argument(
+        "--skip-unreachable", action="store_true",
+        help="a method that cannot act on the substrate writes a skip marker instead of failing",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
     p.add_argument("--index", default=str(INDEX_DIR))
     p.add_argument("--out-root", default=str(CELLS_DIR))
