@@ -59,7 +59,7 @@ class CorpusConfig(_Section):
 
 
 class QueriesConfig(_Section):
-    n_per_split: int = Field(11, ge=1)
+    n_per_split: int = Field(6, ge=1)
     fields: list[str] = list(FIELDS)
 
     @model_validator(mode="after")
