@@ -82,6 +82,10 @@ def test_fit_ignores_evaluation_entities(tmp_path, tiny_model_dir, small_corpus)
     for name, tensors in runs["a"].items():
         for key, value in tensors.items():
             assert torch.equal(value, runs["b"][name][key]), (name, key)
+    # byte for byte, every file of the two fit outputs (no timing or date in them)
+    folders = [tmp_path / label / "fitted" for label in ("a", "b")]
+    files = [{p.relative_to(f): p.read_bytes() for p in sorted(f.rglob("*")) if p.is_file()} for f in folders]
+    assert files[0] == files[1] and len(files[0]) > 10
     # ...while rewriting an adapter-pool entity changes what is fitted
     eid = small_corpus.pools["forget_adapter"][0]
     changed[eid] = changed[eid].model_copy(update={"name": "Quentin Xylophone"})
@@ -114,6 +118,18 @@ def test_cell_refuses_missing_or_foreign_fit(fitted_params, tmp_path, small_corp
     changed = parse_params({**p.model_dump(mode="json"), "method_params": {"repe": {"layer": 1, "alpha": 0.5}}})
     with pytest.raises(MethodError, match="rerun `kbench fit`"):
         load_fitted(changed, "repe", base_fingerprint(p.model.path))
+    # an altered artifact is refused
+    import shutil
+
+    from kbench.io import IntegrityError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(p.fit.out_dir, copy)
+    weights = copy / "repe" / "fitted.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    altered = parse_params({**p.model_dump(mode="json"), "fit": {"out_dir": str(copy)}})
+    with pytest.raises(IntegrityError, match="fitted.safetensors"):
+        load_fitted(altered, "repe", base_fingerprint(p.model.path))
 
 
 def test_method_params_are_checked(tmp_path, tiny_model_dir):  # noqa: F811

@@ -101,13 +101,13 @@ def run_fit_stage(params: Params, corpus: Corpus, *, track: bool = True) -> dict
         info = {
             "method": method.name, "config": method.config.model_dump(mode="json"),
             "base_model": str(model_config.path), "base_fingerprint": fingerprint,
-            "pools": pools, "n_prompts": len(prompts), "seconds": round(seconds, 3),
-        }
+            "pools": pools, "n_prompts": len(prompts),
+        }  # no timing here: the same params give the same bytes (the time is an MLflow metric)
         save_fitted(folder, fitted, info)
         tracking.record_output(
             params, folder, tracking.KIND_FIT, f"{params.base_model}/{method.name}",
             tags={tracking.TAG_BASE_MODEL: params.base_model, tracking.TAG_METHOD: method.name},
-            metrics={**_numeric(fitted.diagnostics), "fit_seconds": seconds},
+            metrics=_numeric(fitted.diagnostics),  # deterministic: the time is in the log, not the manifest
             artifacts=[DIAGNOSTICS_FILE, FIT_INFO_FILE], track=track,
         )
         log.info("fit %s in %.1f s: %s", method.name, seconds, json.dumps(fitted.diagnostics, sort_keys=True)[:400])
