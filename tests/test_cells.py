@@ -87,3 +87,29 @@ def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
         recipe=tags[tracking.TAG_RECIPE], method=tags[tracking.TAG_METHOD], seed=int(tags[tracking.TAG_SEED]),
         n_per_split=tags[tracking.TAG_N_PER_SPLIT], digest=tags[tracking.TAG_DESIGN],
     ) is None
+
+
+def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
+    """The --all-methods parent on P: one cell per method (fake cells writing a manifest under
+    <method>/<recipe>), each logged to MLflow by the parent, and a failing cell reported by name."""
+    import argparse
+    import sys
+
+    import mlflow
+
+    from kbench.stages import cell as cell_stage
+
+    def fake(args, method):
+        folder = kbench_root / "cells" / f"P__s0/{method}/lora"
+        code = (f"from pathlib import Path; from kbench import tracking; f = Path({str(folder)!r}); "
+                f"f.mkdir(parents=True); (f / 'traces.jsonl').write_text(''); "
+                f"tracking.write_manifest(f, 'cell', 'm/P/lora/{method}/0', {{'kbench.method': '{method}'}}, {{}})")
+        return [sys.executable, "-c", code if method != "star" else "raise SystemExit(2)"]
+
+    monkeypatch.setattr(cell_stage, "_cell_command", fake)
+    params = Params(methods=["none", "gold", "star"], p_recipes=["lora"])
+    args = argparse.Namespace(substrate="P", seed=0, recipe=None, out_root=str(kbench_root / "cells"), no_track=False)
+    with pytest.raises(cell_stage.CellError, match="failed: star \\(exit 2\\)"):
+        cell_stage.run_all_methods(params, args)
+    runs = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list")
+    assert sorted(r.data.tags["kbench.method"] for r in runs) == ["gold", "none"]

@@ -277,15 +277,16 @@ def run_all_methods(params: Params, args: argparse.Namespace) -> None:
     by side, each on its share of the cores (a cell's traces do not depend on its thread count:
     tests/test_cells.py); each finished cell is then logged to MLflow by this process alone."""
     out_root = Path(args.out_root)
+    recipe = cell_recipes(params, args.substrate, args.recipe)[0]
+    method_dirs = {m: out_root / CellSpec(args.substrate, m, args.seed, recipe).method_dir for m in params.methods}
     todo = []
     for method in params.methods:
-        spec = CellSpec(args.substrate, method, args.seed, cell_recipes(params, args.substrate, args.recipe)[0])
         reason = unreachable_reason(args.substrate, method)
         if reason is None:
             todo.append(method)
         else:
-            write_skipped(out_root, spec, reason)
-            log.info("%s: %s (skip marker written)", spec.method_dir, reason)
+            write_skipped(out_root, CellSpec(args.substrate, method, args.seed, recipe), reason)
+            log.info("%s: %s (skip marker written)", method_dirs[method], reason)
     workers = max(1, min(params.execution.cell_workers, len(todo)))
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
@@ -293,24 +294,30 @@ def run_all_methods(params: Params, args: argparse.Namespace) -> None:
              args.substrate, args.seed, ", ".join(todo), workers, threads)
     running: dict[str, tuple[subprocess.Popen, float]] = {}
     failed = []
-    while todo or running:
-        while todo and len(running) < workers:
-            method = todo.pop(0)
-            running[method] = (subprocess.Popen(_cell_command(args, method), env=env), time.perf_counter())
-        time.sleep(0.2)
-        for method, (process, started) in list(running.items()):
-            if process.poll() is None:
-                continue
-            del running[method]
-            if process.returncode != 0:
-                failed.append(f"{method} (exit {process.returncode})")
-                continue
-            log.info("cell %s/%s seed %d finished in %.0f s", args.substrate, method, args.seed,
-                     time.perf_counter() - started)
-            if not args.no_track:
-                for recipe_dir in sorted((out_root / CellSpec(args.substrate, method, args.seed).method_dir).iterdir()):
-                    if (recipe_dir / tracking.RUN_MANIFEST).exists():
-                        tracking.log_output(params, recipe_dir)
+    try:
+        while todo or running:
+            while todo and len(running) < workers:
+                method = todo.pop(0)
+                running[method] = (subprocess.Popen(_cell_command(args, method), env=env), time.perf_counter())
+            time.sleep(0.2)
+            for method, (process, started) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[method]
+                if process.returncode != 0:
+                    failed.append(f"{method} (exit {process.returncode})")
+                    continue
+                log.info("cell %s/%s seed %d finished in %.0f s", args.substrate, method, args.seed,
+                         time.perf_counter() - started)
+                if not args.no_track:
+                    for recipe_dir in sorted(method_dirs[method].iterdir()):
+                        if (recipe_dir / tracking.RUN_MANIFEST).exists():
+                            tracking.log_output(params, recipe_dir)
+    finally:  # never leave a cell running behind a failed or interrupted stage (its traces are kept)
+        for process, _ in running.values():
+            process.terminate()
+        for process, _ in running.values():
+            process.wait()
     if failed:
         raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
                         "messages are above; finished cells are kept and a rerun resumes)")
