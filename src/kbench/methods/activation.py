@@ -42,7 +42,8 @@ class ActivationEdit(Method):
         """The edited residual stream; h is (rows, positions, hidden)."""
         raise NotImplementedError
 
-    def extra_diagnostics(self, data: FitData, acts: Activations) -> dict[str, Any]:
+    def extra_diagnostics(self, data: FitData, acts: Activations, common: dict[str, Any]) -> dict[str, Any]:
+        """The method's own diagnostics; `common` holds what every activation method records."""
         return {}
 
     def fit(self, data: FitData) -> Fitted:
@@ -50,30 +51,30 @@ class ActivationEdit(Method):
         acts = data.activations(self.config.layer)
         tensors = self.learn(acts)
         self.load_fitted(Fitted(tensors))
-        diagnostics = {
+        common = {
             "layer": self.config.layer,
             "n_tokens": int(acts.x.shape[0]),
             "residual_norm": float(acts.x.norm(dim=-1).mean()),
             "edit_norm": mean_edit_norm(acts.x, self.edit),
-            **heldout_probe(data, acts, self.edit),
-            **self.extra_diagnostics(data, acts),
+            **heldout_probe(data, self.config.layer, self.edit),
         }
-        return Fitted(tensors, diagnostics)
+        return Fitted(tensors, {**common, **self.extra_diagnostics(data, acts, common)})
 
     def forward_hooks(self, backend: Backend, queries: Sequence[Query]) -> AbstractContextManager:
         check_layer(backend.model, self.config.layer, self.name)
         return residual_edit(backend.model, self.config.layer, self.edit)
 
 
-def heldout_probe(data: FitData, acts: Activations, edit: Edit) -> dict[str, float]:
-    """Held-out linear-probe accuracy of the concept (forget vs retain) before and after `edit`:
-    probes train on three fields' prompts and are scored on the fourth's."""
+def heldout_probe(data: FitData, layer: int, edit: Edit) -> dict[str, float]:
+    """Held-out linear-probe accuracy of the concept (forget vs retain) at `layer` before and
+    after `edit`: probes train on three fields' prompts and are scored on the fourth's."""
+    acts = data.activations(layer)
     train, held = data.split(acts)
     with torch.no_grad():
         edited = edit(acts.x[None])[0]
     y = acts.label
     return {
-        "probe_accuracy_before": probe_accuracy(acts.x[train], y[train], acts.x[held], y[held]),
+        "probe_accuracy_before": data.heldout_accuracy(layer),
         "probe_accuracy_after": probe_accuracy(edited[train], y[train], edited[held], y[held]),
         "chance_accuracy": float(max(y[held].float().mean(), 1 - y[held].float().mean())),
     }

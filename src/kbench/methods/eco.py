@@ -25,8 +25,8 @@ import torch
 from pydantic import Field
 
 from kbench.backends import Backend
-from kbench.methods.base import ALL_SUBSTRATES, Fitted, Method, MethodConfig, register_method
 from kbench.backends.hf import encode_prompt
+from kbench.methods.base import ALL_SUBSTRATES, Fitted, Method, MethodConfig, register_method
 from kbench.methods.fitting import FitData, name_positions
 from kbench.methods.residual import embedding_edit
 from kbench.records import FORGET, Query

@@ -92,6 +92,7 @@ class FitData:
         if not prompts or len({p.label for p in prompts}) < 2:
             raise ValueError("fitting needs prompts of both adapter pools (forget and retain)")
         self._load = load
+        self._heldout: dict[int, float] = {}
         self.corpus = corpus
         self.params = params
         self.prompts = prompts
@@ -170,6 +171,15 @@ class FitData:
         """The field whose prompts are held out from probe training (the last of queries.fields)."""
         return self.params.queries.fields[-1]
 
+    def heldout_accuracy(self, layer: int) -> float:
+        """Held-out linear-probe accuracy of forget-vs-retain on the unedited activations at
+        `layer` (computed once: the layer scan and every activation method's "before" share it)."""
+        if layer not in self._heldout:
+            acts = self.activations(layer)
+            train, held = self.split(acts)
+            self._heldout[layer] = probe_accuracy(acts.x[train], acts.label[train], acts.x[held], acts.label[held])
+        return self._heldout[layer]
+
     def split(self, acts: Activations) -> tuple[torch.Tensor, torch.Tensor]:
         """Boolean masks (train, held-out) over `acts` tokens: held-out = prompts of `heldout_field`."""
         heldout = torch.tensor([self.prompts[i].field == self.heldout_field() for i in acts.prompt.tolist()])
@@ -178,12 +188,7 @@ class FitData:
 
 def layer_scan(data: FitData) -> dict[str, float]:
     """Held-out probe accuracy of the concept at every layer (how the default layers were chosen)."""
-    scan = {}
-    for layer in range(data.n_layers):
-        acts = data.activations(layer)
-        train, held = data.split(acts)
-        scan[str(layer)] = probe_accuracy(acts.x[train], acts.label[train], acts.x[held], acts.label[held])
-    return scan
+    return {str(layer): data.heldout_accuracy(layer) for layer in range(data.n_layers)}
 
 
 def probe_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,

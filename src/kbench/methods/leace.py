@@ -51,7 +51,8 @@ class LEACE(ActivationEdit):
     config: LeaceConfig
 
     def learn(self, acts: Activations) -> dict[str, torch.Tensor]:
-        eraser = _fit_eraser(acts.x, acts.label, self.config.svd_tol).eraser
+        self._fitter = _fit_eraser(acts.x, acts.label, self.config.svd_tol)  # its statistics feed the diagnostics
+        eraser = self._fitter.eraser
         return {"proj_left": eraser.proj_left.float(), "proj_right": eraser.proj_right.float(),
                 "bias": eraser.bias.float()}
 
@@ -62,17 +63,15 @@ class LEACE(ActivationEdit):
         left, right, bias = (t.to(h) for t in (self._left, self._right, self._bias))
         return h - ((h - bias) @ right.mT) @ left.mT
 
-    def extra_diagnostics(self, data: FitData, acts: Activations) -> dict[str, Any]:
-        fitter = _fit_eraser(acts.x, acts.label, self.config.svd_tol)
-        singular = _singular_values(fitter)
+    def extra_diagnostics(self, data: FitData, acts: Activations, common: dict[str, Any]) -> dict[str, Any]:
+        singular = _singular_values(self._fitter)
         erased = int((singular > self.config.svd_tol).sum())
         # The null: an eraser fitted on permuted labels, scored by the same held-out probe.
         generator = torch.Generator().manual_seed(self.config.null_seed)
         shuffled = acts.label[torch.randperm(len(acts.label), generator=generator)]
         null = _fit_eraser(acts.x, shuffled, self.config.svd_tol).eraser
-        null_probe = heldout_probe(data, acts, lambda h: null(h.double()).to(h))
-        real_probe = heldout_probe(data, acts, self.edit)
-        effect = real_probe["probe_accuracy_before"] - real_probe["probe_accuracy_after"]
+        null_probe = heldout_probe(data, self.config.layer, lambda h: null(h.double()).to(h))
+        effect = common["probe_accuracy_before"] - common["probe_accuracy_after"]
         null_effect = null_probe["probe_accuracy_before"] - null_probe["probe_accuracy_after"]
         return {
             "erased_directions": erased,

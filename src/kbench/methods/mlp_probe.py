@@ -75,7 +75,7 @@ class MLPProbe(ActivationEdit):
     def edit(self, h: torch.Tensor) -> torch.Tensor:
         return h - self.config.alpha * self.gradient(h)
 
-    def extra_diagnostics(self, data: FitData, acts: Activations) -> dict[str, Any]:
+    def extra_diagnostics(self, data: FitData, acts: Activations, common: dict[str, Any]) -> dict[str, Any]:
         train, held = data.split(acts)
         probe, losses = self._train(acts.x[train], acts.label[train])
         with torch.no_grad():

@@ -62,5 +62,5 @@ class Noise(ActivationEdit):
     def edit(self, h: torch.Tensor) -> torch.Tensor:
         return h + self._shift.to(h)
 
-    def extra_diagnostics(self, data: FitData, acts: Activations) -> dict[str, Any]:
+    def extra_diagnostics(self, data: FitData, acts: Activations, common: dict[str, Any]) -> dict[str, Any]:
         return {"matched_edit_norms": self._norms, "scale": sum(self._norms.values()) / len(self._norms)}

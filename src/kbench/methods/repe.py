@@ -36,6 +36,6 @@ class RepE(ActivationEdit):
         v = self._direction.to(h)
         return h - self.config.alpha * (h @ v)[..., None] * v
 
-    def extra_diagnostics(self, data: FitData, acts: Activations) -> dict[str, Any]:
+    def extra_diagnostics(self, data: FitData, acts: Activations, common: dict[str, Any]) -> dict[str, Any]:
         forget, retain = acts.x[acts.label == 1], acts.x[acts.label == 0]
         return {"mean_difference_norm": float((forget.mean(0) - retain.mean(0)).norm())}

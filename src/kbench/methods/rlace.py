@@ -48,5 +48,5 @@ class RLACE(ActivationEdit):
         basis = self._basis.to(h)
         return h - (h @ basis) @ basis.T
 
-    def extra_diagnostics(self, data: FitData, acts: Activations) -> dict[str, Any]:
+    def extra_diagnostics(self, data: FitData, acts: Activations, common: dict[str, Any]) -> dict[str, Any]:
         return {"rank": self.config.rank, "eigenvalues": [float(v) for v in self._spectrum(acts)[0]]}

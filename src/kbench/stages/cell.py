@@ -221,8 +221,9 @@ def run_cell_stage(
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.method_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
+    method = method_class(spec.method)
     fitted, fitted_digest = None, None
-    if method_class(spec.method).fits:
+    if method.fits:
         fitted = load_fitted(params, spec.method, model_fingerprint(model))
         fitted_digest = tracking.output_hash(fitted_dir(params, spec.method))
     corpus_fingerprint = corpus.fingerprint()
@@ -230,7 +231,7 @@ def run_cell_stage(
         "adapter": adapter_digest,
         # the method's own section and fitted artifact shape its trajectories; no other method's does
         **({"method_params": method_config(spec.method, params).model_dump(mode="json")}
-           if method_class(spec.method).Config.model_fields else {}),
+           if method.Config.model_fields else {}),
         **({"fitted": fitted_digest} if fitted_digest else {}),
     })
     fields = tuple(params.queries.fields)
@@ -275,7 +276,7 @@ def _cell_command(args: argparse.Namespace, method: str) -> list[str]:
 def run_all_methods(params: Params, args: argparse.Namespace) -> None:
     """Every method of the design on one substrate and seed, `execution.cell_workers` cells side
     by side, each on its share of the cores (a cell's traces do not depend on its thread count:
-    tests/test_cells.py); each finished cell is then logged to MLflow by this process alone."""
+    tests/test_methods.py); each finished cell is then logged to MLflow by this process alone."""
     out_root = Path(args.out_root)
     recipe = cell_recipes(params, args.substrate, args.recipe)[0]
     method_dirs = {m: out_root / CellSpec(args.substrate, m, args.seed, recipe).method_dir for m in params.methods}
