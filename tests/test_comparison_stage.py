@@ -129,7 +129,7 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     assert "tiny/P/lora/ga" in html and "<script" not in html.lower()
     assert "no baseline for tiny/P/lora/ga" in caplog.text
     assert json.loads((reports / "metrics.json").read_text())["missing_baselines"] == 1
-    assert "| eraser | none | K-REF-inf | no-op on retain | 1.000 |" in (reports / "leaderboard.md").read_text()
+    assert "| eraser | none | K-REF-inf | no-op on retain |  | 1.000 |" in (reports / "leaderboard.md").read_text()
 
     compare_run = mlflow.get_run(result.run_id)
     assert compare_run.data.tags[tracking.TAG_KIND] == tracking.KIND_COMPARE

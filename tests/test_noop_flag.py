@@ -101,7 +101,7 @@ def test_the_leaderboard_html_and_json_show_the_flag(tmp_path):
     verdicts = {r.key.method: r.verdict.verdict for r in result.rows}
     assert idle_line.startswith(f"| idle | none | {verdicts['idle']} | no-op on forget | ")
     assert stopper_line.startswith(f"| stopper | none | {verdicts['stopper']} | no-op on retain | ")
-    assert "| Method | Recipe | Verdict | No-op | K-Score |" in markdown
+    assert "| Method | Recipe | Verdict | No-op | Budget | K-Score |" in markdown
 
     png = tmp_path / "blank.png"
     png.write_bytes(b"\x89PNG")

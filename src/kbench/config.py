@@ -291,6 +291,37 @@ class FitConfig(_Section):
     batch_size: int = Field(16, ge=1)
 
 
+class UnlearningLora(_Section):
+    """The fresh LoRA an unlearning run trains where it cannot continue LoRA-T+D: on top of the
+    merged weights (recipe `merged`) and a method's own second adapter (O3)."""
+
+    rank: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
+class UnlearningConfig(_Section):
+    """`unlearning`: the matched budget every weight method on P trains with (the `unlearn`
+    stage, `kbench.parametric.unlearning`); a method that must differ declares the exception
+    (docs/methods.md, "Weight methods")."""
+
+    #: One folder per (method, recipe) under it: the unlearned adapter and its training curves.
+    out_dir: str = "artifacts/unlearned"
+    #: Passes over the forget set; each step pairs `batch_size` forget examples with as many
+    #: retain examples (the retain set is cycled).
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(4, ge=1)
+    #: AdamW, the one optimizer: every method, the same rate and schedule.
+    learning_rate: float = Field(1e-3, gt=0)
+    lr_schedule: LrSchedule = "constant"
+    weight_decay: float = Field(0.0, ge=0)
+    #: Gradient clipping by global norm (null: none).
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    #: Seeds the example order, a fresh adapter's initialisation and a method's random draws.
+    seed: int = 0
+    lora: UnlearningLora = UnlearningLora()
+
+
 class ExecutionConfig(_Section):
     """How stages use the machine; nothing here changes a result."""
 
@@ -298,6 +329,9 @@ class ExecutionConfig(_Section):
     #: cell_workers threads: on 2 CPU cores two 1-thread cells finish 1.4x sooner than one after
     #: the other on 2 threads, with identical traces (BENCHMARKS.md). 1 on a GPU.
     cell_workers: int = Field(2, ge=1)
+    #: Weight-method trainings the `unlearn` stage runs side by side, each on cpu_count /
+    #: unlearn_workers threads (the same adapters byte for byte; BENCHMARKS.md). 1 on a GPU.
+    unlearn_workers: int = Field(2, ge=1)
 
 
 class TrackingConfig(_Section):
@@ -322,6 +356,7 @@ class Params(_Section):
     #: keys: `kbench.methods.method_config`); a method without an entry takes its defaults.
     method_params: dict[str, dict[str, Any]] = {}
     fit: FitConfig = FitConfig()
+    unlearning: UnlearningConfig = UnlearningConfig()
     execution: ExecutionConfig = ExecutionConfig()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()

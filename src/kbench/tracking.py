@@ -54,6 +54,12 @@ TAG_HALTED_REASON = "kbench.halted_reason"
 #: Run kinds (TAG_KIND), one per stage output and tool that logs a run.
 KIND_CORPUS, KIND_AGENT_BASE, KIND_INJECT, KIND_CELL, KIND_COMPARE = "corpus", "agent_base", "inject", "cell", "compare"
 KIND_FIT = "fit"
+KIND_UNLEARN = "unlearn"
+#: A cell of a weight method: the key and content hash of the unlearn run whose weights it deployed.
+TAG_UNLEARN_KEY = "kbench.unlearn_key"
+TAG_UNLEARNED_HASH = "kbench.unlearned_hash"
+#: The budget keys a weight method's run set differently from `unlearning` (JSON; "{}": none).
+TAG_BUDGET_EXCEPTIONS = "kbench.budget_exceptions"
 KIND_CALIBRATE, KIND_CALIBRATE_TRIAL = "calibrate", "calibrate_trial"
 #: A stage output folder that MLflow can rebuild from holds this manifest.
 RUN_MANIFEST = "run.json"
@@ -184,14 +190,17 @@ def start_run(
 
 def write_manifest(
     folder: Path, kind: str, key: str, tags: Mapping[str, str], metrics: Mapping[str, float],
-    artifacts: list[str] | None = None,
+    artifacts: list[str] | None = None, curves: Mapping[str, list[float | None]] | None = None,
 ) -> None:
     """Describe a finished stage output so `sync_outputs` can log it again in another clone.
 
     `artifacts` names the files (relative to the folder) to log; None logs them all. A
-    stage whose output is a model folder names only its small reports.
+    stage whose output is a model folder names only its small reports. `curves` are metrics
+    logged once per step (a training curve; a None entry is a step without that value).
     """
     manifest = {"kind": kind, "key": key, "tags": dict(tags), "metrics": dict(metrics), "artifacts": artifacts}
+    if curves:
+        manifest["curves"] = {name: list(values) for name, values in curves.items()}
     io.write_json(folder / RUN_MANIFEST, manifest)
 
 
@@ -213,6 +222,10 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
         numeric = {k: float(v) for k, v in manifest["metrics"].items() if v is not None}
         if numeric:
             mlflow.log_metrics(numeric)
+        for name, values in (manifest.get("curves") or {}).items():
+            for step, value in enumerate(values, start=1):
+                if value is not None:
+                    mlflow.log_metric(name, float(value), step=step)
         names = manifest.get("artifacts")
         if names is None:
             mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
@@ -227,10 +240,10 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
 
 def record_output(
     params: Params, folder: Path, kind: str, key: str, *, tags: Mapping[str, str], metrics: Mapping[str, float],
-    artifacts: list[str] | None = None, track: bool = True,
+    artifacts: list[str] | None = None, track: bool = True, curves: Mapping[str, list[float | None]] | None = None,
 ) -> str | None:
     """A finished stage output: its manifest, then (with `track`) its MLflow run; the run id or None."""
-    write_manifest(folder, kind, key, tags, metrics, artifacts)
+    write_manifest(folder, kind, key, tags, metrics, artifacts, curves)
     return log_output(params, folder) if track else None
 
 

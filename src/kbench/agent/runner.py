@@ -21,6 +21,7 @@ from kbench.backends import build_backend
 from kbench.config import ModelConfig, Params
 from kbench.corpus import Corpus
 from kbench.methods import Fitted, MethodContext, MethodError, build_method
+from kbench.parametric.unlearning import Unlearned
 from kbench.records import Query, Split, TraceFormatError, TraceRecord, parse_trace_line
 from kbench.substrates import build_substrate
 
@@ -39,13 +40,15 @@ def setup_cell(
     adapter_path: str | None = None,
     merge_adapter: bool = False,
     fitted: Fitted | None = None,
+    unlearned: Unlearned | None = None,
 ) -> ReActAgent:
     """Build the deployed agent of one cell.
 
     `model` is the agent's model section (`kbench.parametric.agent_model_config`);
     `adapter_path` is the P adapter, or the LoRA-D control adapter on another substrate;
     `merge_adapter` merges it into the weights (the merged-weight variant of P); `fitted` is
-    what the `fit` stage learned for a method that fits (`kbench.methods.fitting.load_fitted`).
+    what the `fit` stage learned for a method that fits (`kbench.methods.fitting.load_fitted`);
+    `unlearned` is the `unlearn` stage's checked folder for a weight method.
     """
     cell_substrate = build_substrate(
         substrate, corpus, params.agent, seed=seed, index_dir=index_dir, adapter_path=adapter_path
@@ -59,6 +62,10 @@ def setup_cell(
         if fitted is None:
             raise MethodError(f"method {method!r} fits in the `fit` stage; its cell needs the fitted artifact")
         cell_method.load_fitted(fitted)
+    if cell_method.trains:
+        if unlearned is None:
+            raise MethodError(f"method {method!r} trains in the `unlearn` stage; its cell needs the unlearned weights")
+        cell_method.load_unlearned(unlearned)
     if "weights" in cell_method.hooks:
         cell_method.edit_weights(backend)
     return ReActAgent(backend, cell_substrate, cell_method, params.agent, seed=seed)

@@ -103,7 +103,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _unwrap(model: Any) -> Any:
+def unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -115,7 +115,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.pad_token_id = tokenizer.pad_token_id
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(_unwrap(model).forward).parameters
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(unwrap(model).forward).parameters
         self._prefixes: list[KVState] = []
         self.stats = EngineStats()
         #: Rows (indices into the current call's states) of the forward pass running now, so

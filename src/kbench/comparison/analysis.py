@@ -71,6 +71,10 @@ class CellRun:
     method: str
     seed: int
     records: tuple[TraceRecord, ...]
+    #: A weight method's cell: the unlearn run whose weights it deployed (its MLflow key), else None.
+    unlearned: str | None = None
+    #: A weight method's cell: the `unlearning` keys its run set differently, with the reason.
+    budget_exceptions: tuple[tuple[str, str], ...] = ()
 
     @property
     def row_key(self) -> "RowKey":
@@ -122,6 +126,9 @@ class Row:
     pooled: dict[str, ScoredQueries]  # split -> queries of every seed
     by_seed: dict[int, dict[str, ScoredQueries]]  # seed -> split -> queries
     records: dict[int, tuple[TraceRecord, ...]]  # seed -> the cell run's trace records
+    #: Weight methods: the unlearn runs deployed (one per recipe) and their budget exceptions.
+    unlearned: tuple[str, ...] = ()
+    budget_exceptions: tuple[tuple[str, str], ...] = ()
 
 
 def _split(records: Sequence[TraceRecord], split: str, where: str, rule: str) -> ScoredQueries:
@@ -154,6 +161,8 @@ def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE) -> dict[R
                 for run in runs
             },
             records={run.seed: run.records for run in runs},
+            unlearned=tuple(sorted({run.unlearned for run in runs if run.unlearned})),
+            budget_exceptions=tuple(sorted({e for run in runs for e in run.budget_exceptions})),
         )
     return rows
 
@@ -224,6 +233,10 @@ class RowResult:
     #: The splits on which the method's trace records are the baseline's, byte for byte
     #: (`noop_splits`): it changed nothing there. Empty for the baseline and `gold` rows.
     noop_splits: tuple[str, ...] = ()
+    #: A weight method's row: the unlearn runs its cells deployed (empty for any other method).
+    unlearned: tuple[str, ...] = ()
+    #: A weight method's row: the `unlearning` keys it trained with differently, and why.
+    budget_exceptions: tuple[tuple[str, str], ...] = ()
 
     @property
     def flips(self) -> bool:
@@ -430,6 +443,8 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
                 smallest_p_adj=smallest.get(key),
                 reachable=() if key.is_baseline else reachable_classes(smallest[key], config),
                 noop_splits=noop_splits(row, rows[key.baseline]),
+                unlearned=row.unlearned,
+                budget_exceptions=row.budget_exceptions,
             )
         )
     return results

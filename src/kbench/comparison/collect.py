@@ -10,6 +10,7 @@ recomputed from the evidence MLflow holds, not from the metrics the cell logged.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ from kbench.records import read_traces
 from kbench.tracking import (
     KIND_CELL,
     TAG_BASE_MODEL,
+    TAG_BUDGET_EXCEPTIONS,
     TAG_CORPUS,
     TAG_DESIGN,
     TAG_KEY,
@@ -32,6 +34,7 @@ from kbench.tracking import (
     TAG_RECIPE,
     TAG_SEED,
     TAG_SUBSTRATE,
+    TAG_UNLEARN_KEY,
     TRAJECTORIES_FILE,
 )
 
@@ -179,7 +182,9 @@ def load_cell_run(info: CellRunInfo, scratch: Path) -> CellRun:
                 f"cell run {info.run_id} ({info.key}) holds a trace of another cell "
                 f"(substrate, method, seed) = {found} ({record.query_id})"
             )
-    return CellRun(run_id=info.run_id, records=records, **fields)  # type: ignore[arg-type]
+    exceptions = json.loads(info.tags.get(TAG_BUDGET_EXCEPTIONS) or "{}")
+    return CellRun(run_id=info.run_id, records=records, unlearned=info.tags.get(TAG_UNLEARN_KEY),  # type: ignore[arg-type]
+                   budget_exceptions=tuple(sorted(exceptions.items())), **fields)
 
 
 def collect_cells(experiment_id: str, design: Design) -> tuple[list[CellRun], DesignRuns]:

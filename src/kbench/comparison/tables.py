@@ -58,6 +58,16 @@ def shown_noop(result: RowResult) -> str:
     return f"no-op on {', '.join(result.noop_splits)}" if result.noop_splits else ""
 
 
+def shown_budget(result: RowResult) -> str:
+    """A weight method's training budget: "matched" (the `unlearning` section) or the declared
+    exceptions; empty for a method that trains nothing."""
+    if not result.unlearned:
+        return ""
+    if not result.budget_exceptions:
+        return "matched"
+    return "differs: " + "; ".join(f"{key} ({reason})" for key, reason in result.budget_exceptions)
+
+
 def shown_k_score(result: RowResult) -> str:
     """K-Score, or TC for a collapsed agent (never 0: a collapse is not a perfect forget)."""
     k = result.verdict.k_score
@@ -84,14 +94,14 @@ def _cer_cells(metrics: CellMetrics) -> list[str]:
 
 
 LEADERBOARD_COLUMNS = (
-    "Method", "Recipe", "Verdict", "No-op", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
+    "Method", "Recipe", "Verdict", "No-op", "Budget", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
     "Δsel", "D1", "Degen forget", "Degen retain", "Δdegen", "p", "p_adj", "p_adj retain", "Pairs",
     "Smallest p_adj", "Reachable classes", *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs",
     "Baseline runs",
 )
 #: The leaderboard columns leaderboard.md keeps (the README shows it; the HTML has them all).
 MARKDOWN_COLUMNS = (
-    "Method", "Recipe", "Verdict", "No-op", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
+    "Method", "Recipe", "Verdict", "No-op", "Budget", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
     "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Pairs", "Smallest p_adj", "Dominant", "Seeds",
 )
 
@@ -103,6 +113,7 @@ def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
         result.key.recipe,
         shown_verdict(result),
         shown_noop(result),
+        shown_budget(result),
         shown_k_score(result),
         fmt_with_ci(result.forget.or_all, result.forget.ci.or_all),
         fmt_with_ci(result.retain.or_all, result.retain.ci.or_all),
@@ -141,7 +152,10 @@ def leaderboards(comparison: Comparison) -> list[Table]:
                 "all one way, and every other test of the family at its own least); reachable "
                 "classes: the K-classes that bound allows. No-op: the splits on which the method's "
                 "trace records are the baseline's, byte for byte (same seeds and query ids, the "
-                "method field aside): it changed nothing there, and a no-op on forget forgot nothing.",
+                "method field aside): it changed nothing there, and a no-op on forget forgot nothing. "
+                "Budget: a weight method trained under the matched budget (params `unlearning`) or "
+                "the exceptions it declares; its unlearn run is named in the cell run's tag "
+                "kbench.unlearn_key.",
             )
         )
     return tables

@@ -24,7 +24,7 @@ from kbench.methods.base import (
 )
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in {"base", "activation", "fitting", "residual"}:  # the interface and shared helpers
+    if _module.name not in {"base", "activation", "fitting", "residual", "unlearning"}:  # the interface and shared helpers
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [

@@ -88,6 +88,11 @@ class Method:
     Config: ClassVar[type[MethodConfig]] = MethodConfig
     #: True when the method learns something in the `fit` stage (it implements `fit`; set at registration).
     fits: ClassVar[bool] = False
+    #: True for a weight method: the `unlearn` stage trains its loss on P (`kbench.methods.unlearning`).
+    trains: ClassVar[bool] = False
+    #: The method whose trained weights this one deploys (a variant that differs only at
+    #: inference, e.g. O3 at another detector accuracy); None: its own.
+    weights_of: ClassVar[str | None] = None
     #: True when the forward hook edits every batch row alike: rows may then share prefilled
     #: prompt prefixes (a hook that treats queries differently must not).
     uniform_forward: ClassVar[bool] = False
@@ -95,6 +100,11 @@ class Method:
     def __init__(self, context: MethodContext, config: MethodConfig | None = None) -> None:
         self.context = context
         self.config = method_config(self.name, context.params) if config is None else config
+
+    @classmethod
+    def trained_as(cls) -> str:
+        """The name the `unlearn` stage trains this method's weights under."""
+        return cls.weights_of or cls.name
 
     @property
     def needs_weights(self) -> bool:

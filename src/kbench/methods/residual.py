@@ -19,7 +19,7 @@ from kbench.methods.base import MethodError
 Edit = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _unwrap(model: Any) -> Any:
+def unwrap(model: Any) -> Any:
     """The transformers model under a PEFT wrapper (a P cell's unmerged adapter)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -27,7 +27,7 @@ def _unwrap(model: Any) -> Any:
 def decoder_layers(model: Any) -> Any:
     """The model's decoder layers, in order (Llama, Mistral, Qwen, Gemma: `model.layers`;
     GPT-2 style: `transformer.h`)."""
-    inner = _unwrap(model)
+    inner = unwrap(model)
     for path in (("model", "layers"), ("transformer", "h"), ("gpt_neox", "layers")):
         node = inner
         for attribute in path:
@@ -92,7 +92,7 @@ def embedding_edit(model: Any, edit: Callable[[torch.Tensor, torch.Tensor], torc
     def hook(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
         return edit(args[0], output)
 
-    handle = _unwrap(model).get_input_embeddings().register_forward_hook(hook)
+    handle = unwrap(model).get_input_embeddings().register_forward_hook(hook)
     try:
         yield
     finally:

@@ -137,6 +137,8 @@ class Packed:
     predictors: list[int]
     #: The learned tokens, in the order of `predictors`.
     targets: list[int]
+    #: Per learned token, the index (in the rows packed) of the example it belongs to.
+    owners: list[int] = field(default_factory=list)
 
     @property
     def is_chain(self) -> bool:
@@ -157,8 +159,8 @@ class Packed:
 def pack(rows: Sequence[Example]) -> Packed:
     """Merge `rows` into one token trie (see Packed); rows sorted by token ids share the most."""
     node_of: dict[tuple[int, int], int] = {}
-    packed = Packed([], [], [], [], [])
-    for row in rows:
+    packed = Packed([], [], [], [], [], [])
+    for index, row in enumerate(rows):
         learned = [position for position in range(1, len(row.labels)) if row.labels[position] != IGNORE]
         if not learned:
             continue
@@ -176,6 +178,7 @@ def pack(rows: Sequence[Example]) -> Packed:
         for position in learned:
             packed.predictors.append(path[position - 1])
             packed.targets.append(row.labels[position])
+            packed.owners.append(index)
     return packed
 
 
@@ -184,6 +187,45 @@ def micro_batches(rows: Sequence[Example], size: int) -> list[list[Example]]:
     sharing a prefix (a system prompt, a repeated record) share a pass and its trie."""
     ordered = sorted(rows, key=lambda row: row.input_ids)
     return [ordered[start : start + size] for start in range(0, len(ordered), size)]
+
+
+def packed_forward(model: Any, packed: Packed, *, hidden_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward pass over a packed trie: per learned token (the order of `packed.targets`)
+    the logits that predict it, scored in at least float32, and with `hidden_layer` the output
+    of that decoder layer at the same nodes (else None).
+
+    A pass that is a single path runs plain causal attention, its fast kernel; otherwise a mask
+    keeps each example on its own path. The model returns logits only at predicting nodes.
+    """
+    parameter = next(model.parameters())
+    kept = sorted(set(packed.predictors))
+    row_of = {node: i for i, node in enumerate(kept)}
+    if packed.is_chain:
+        layout = {}
+    else:
+        # An additive mask (0 or the dtype's minimum) means the same to eager and sdpa attention.
+        mask = torch.zeros(len(packed.input_ids), len(packed.input_ids), dtype=parameter.dtype)
+        mask.masked_fill_(~packed.attention(), torch.finfo(parameter.dtype).min)
+        layout = {
+            "position_ids": torch.tensor([packed.positions], device=parameter.device),
+            "attention_mask": mask[None, None].to(parameter.device),
+        }
+    output = model(
+        input_ids=torch.tensor([packed.input_ids], device=parameter.device),
+        logits_to_keep=torch.tensor(kept, device=parameter.device),
+        output_hidden_states=hidden_layer is not None,
+        **layout,
+    )
+    predicting = torch.tensor([row_of[node] for node in packed.predictors], device=parameter.device)
+    scores = output.logits[0][predicting]
+    # Half-precision logits are scored in float32; float32 and float64 as they are.
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    hidden = None
+    if hidden_layer is not None:
+        # hidden_states[0] is the embeddings; decoder layer l's output is hidden_states[l + 1].
+        nodes = torch.tensor(packed.predictors, device=parameter.device)
+        hidden = output.hidden_states[hidden_layer + 1][0][nodes]
+    return scores, hidden
 
 
 def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tensor, int]:
@@ -196,29 +238,8 @@ def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tens
     packed = pack(rows)
     if not packed.targets:
         return torch.zeros((), device=parameter.device), 0
-    kept = sorted(set(packed.predictors))
-    row_of = {node: i for i, node in enumerate(kept)}
-    if packed.is_chain:
-        # One path (one example, or copies of it): plain causal attention, its fast kernel.
-        layout = {}
-    else:
-        # An additive mask (0 or the dtype's minimum) means the same to eager and sdpa attention.
-        mask = torch.zeros(len(packed.input_ids), len(packed.input_ids), dtype=parameter.dtype)
-        mask.masked_fill_(~packed.attention(), torch.finfo(parameter.dtype).min)
-        layout = {
-            "position_ids": torch.tensor([packed.positions], device=parameter.device),
-            "attention_mask": mask[None, None].to(parameter.device),
-        }
-    logits = model(
-        input_ids=torch.tensor([packed.input_ids], device=parameter.device),
-        logits_to_keep=torch.tensor(kept, device=parameter.device),
-        **layout,
-    ).logits[0]
-    predicting = torch.tensor([row_of[node] for node in packed.predictors], device=parameter.device)
+    scores, _ = packed_forward(model, packed)
     targets = torch.tensor(packed.targets, device=parameter.device)
-    scores = logits[predicting]
-    # Half-precision logits are scored in float32; float32 and float64 as they are.
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     loss = torch.nn.functional.cross_entropy(scores, targets, reduction="sum")
     return loss, len(packed.targets)
 

@@ -11,11 +11,9 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import shutil
-import subprocess
 import sys
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +36,11 @@ from kbench.names import (
 )
 from kbench.observer.metrics import score_records
 from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapter, model_fingerprint
+from kbench.parametric.unlearning import CONTINUED, Unlearned, check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
+from kbench.stages.workers import run_side_by_side
 from kbench.substrates import substrate_class
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,8 @@ def write_skipped(out_root: Path, spec: CellSpec, reason: str) -> Path:
 
 #: Params sections that do not shape a trajectory (the cell list, scoring, where runs go); a
 #: cell adds its own method's section and fitted artifact (`run_cell_stage`).
-_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus", "method_params", "fit", "execution"}
+_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus", "method_params", "fit", "execution",
+                "unlearning"}
 
 
 def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str, extra: dict) -> dict:
@@ -216,12 +217,18 @@ def run_cell_stage(
     model = agent_model_config(params)
     if adapter_path is None and spec.recipe != ADAPTER_FREE:
         adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
+    method = method_class(spec.method)
+    unlearned = None
+    if method.trains:
+        unlearned = _unlearned(params, spec, adapter_path, model.path)
+        if unlearned.kind == CONTINUED:  # it replaces LoRA-T+D
+            adapter_path = unlearned.path
     if adapter_path is not None:
         check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.method_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
-    method = method_class(spec.method)
+    unlearned_digest = tracking.output_hash(unlearned.path) if unlearned else None
     fitted, fitted_digest = None, None
     if method.fits:
         fitted = load_fitted(params, spec.method, model_fingerprint(model))
@@ -233,6 +240,7 @@ def run_cell_stage(
         **({"method_params": method_config(spec.method, params).model_dump(mode="json")}
            if method.Config.model_fields else {}),
         **({"fitted": fitted_digest} if fitted_digest else {}),
+        **({"unlearned": unlearned_digest} if unlearned_digest else {}),
     })
     fields = tuple(params.queries.fields)
     n = params.queries.n_per_split
@@ -243,13 +251,17 @@ def run_cell_stage(
         params, corpus, model,
         substrate=spec.substrate, method=spec.method, seed=spec.seed,
         index_dir=index_dir, adapter_path=str(adapter_path) if adapter_path else None,
-        merge_adapter=spec.recipe == MERGED, fitted=fitted,
+        merge_adapter=spec.recipe == MERGED, fitted=fitted, unlearned=unlearned,
     )
     records = run_cell(agent, items, out_dir / TRACES_FILE, progress=progress)
     metrics = score_cell(records, params, spec.seed)
     io.write_json(out_dir / METRICS_FILE, metrics)
 
     tags = cell_tags(params, spec, corpus_fingerprint, model_fingerprint(model))
+    if unlearned is not None:  # the unlearn run whose weights (and training curves) this cell deployed
+        tags[tracking.TAG_UNLEARN_KEY] = f"{params.base_model}/{unlearned.method}/{unlearned.recipe}"
+        tags[tracking.TAG_UNLEARNED_HASH] = unlearned_digest
+        tags[tracking.TAG_BUDGET_EXCEPTIONS] = json.dumps(unlearned.info.get("budget_exceptions", {}), sort_keys=True)
     log.info(
         "cell %s: OR(all) forget %.3f retain %.3f, degeneration forget %.3f",
         spec.cell_id, metrics[FORGET]["or_all"], metrics[RETAIN]["or_all"], metrics[FORGET]["degeneration"],
@@ -261,11 +273,24 @@ def run_cell_stage(
     return out_dir
 
 
-def _cell_command(args: argparse.Namespace, method: str) -> list[str]:
-    """The `kbench cell` call of one method of an --all-methods run (untracked: the parent logs it)."""
+def _unlearned(params: Params, spec: CellSpec, target: Path | None, base_dir: str) -> Unlearned:
+    """The checked `unlearn` output a weight method's cell deploys (trained from `target`)."""
+    if target is None:
+        raise ValueError(f"method {spec.method!r} trains P's weights; its cell needs the P target adapter")
+    trained_as = method_class(spec.method).trained_as()
+    return check_unlearned(
+        unlearned_dir(params.unlearning.out_dir, trained_as, spec.recipe), base_dir,
+        method=trained_as, recipe=spec.recipe, source_hash=tracking.output_hash(target),
+    )
+
+
+def _cell_command(args: argparse.Namespace, methods: Sequence[str]) -> list[str]:
+    """The `kbench cell` call of one child of an --all-methods run: its share of the methods, one
+    cell after the other in one process (the imports are paid once); untracked: the parent logs them."""
     command = [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "cell", "--substrate",
-               args.substrate, "--method", method, "--seed", str(args.seed), "--corpus", args.corpus,
-               "--index", args.index, "--out-root", args.out_root, "--no-track", "--no-progress"]
+               args.substrate, *[arg for m in methods for arg in ("--method", m)], "--seed", str(args.seed),
+               "--corpus", args.corpus, "--index", args.index, "--out-root", args.out_root, "--no-track",
+               "--no-progress"]
     if args.recipe:
         command += ["--recipe", args.recipe]
     if args.adapter:
@@ -288,37 +313,19 @@ def run_all_methods(params: Params, args: argparse.Namespace) -> None:
         else:
             write_skipped(out_root, CellSpec(args.substrate, method, args.seed, recipe), reason)
             log.info("%s: %s (skip marker written)", method_dirs[method], reason)
+    log.info("cells of %s seed %d: %s", args.substrate, args.seed, ", ".join(todo))
     workers = max(1, min(params.execution.cell_workers, len(todo)))
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    log.info("cells of %s seed %d: %s, %d at a time on %s thread(s) each",
-             args.substrate, args.seed, ", ".join(todo), workers, threads)
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
-    failed = []
-    try:
-        while todo or running:
-            while todo and len(running) < workers:
-                method = todo.pop(0)
-                running[method] = (subprocess.Popen(_cell_command(args, method), env=env), time.perf_counter())
-            time.sleep(0.2)
-            for method, (process, started) in list(running.items()):
-                if process.poll() is None:
-                    continue
-                del running[method]
-                if process.returncode != 0:
-                    failed.append(f"{method} (exit {process.returncode})")
-                    continue
-                log.info("cell %s/%s seed %d finished in %.0f s", args.substrate, method, args.seed,
-                         time.perf_counter() - started)
-                if not args.no_track:
-                    for recipe_dir in sorted(method_dirs[method].iterdir()):
-                        if (recipe_dir / tracking.RUN_MANIFEST).exists():
-                            tracking.log_output(params, recipe_dir)
-    finally:  # never leave a cell running behind a failed or interrupted stage (its traces are kept)
-        for process, _ in running.values():
-            process.terminate()
-        for process, _ in running.values():
-            process.wait()
+    shares = [todo[i::workers] for i in range(workers)]
+
+    def logged(share: str, seconds: float) -> None:
+        log.info("cells %s/{%s} seed %d finished in %.0f s", args.substrate, share, args.seed, seconds)
+        for method in share.split(","):
+            if not args.no_track:
+                for recipe_dir in sorted(method_dirs[method].iterdir()):
+                    if (recipe_dir / tracking.RUN_MANIFEST).exists():
+                        tracking.log_output(params, recipe_dir)
+
+    failed = run_side_by_side([(",".join(share), _cell_command(args, share)) for share in shares], workers, logged)
     if failed:
         raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
                         "messages are above; finished cells are kept and a rerun resumes)")
@@ -336,22 +343,23 @@ def cmd_cell(args: argparse.Namespace) -> int:
         run_all_methods(params, args)
         return 0
     out_root = Path(args.out_root)
-    specs = [CellSpec(args.substrate, args.method, args.seed, recipe)
-             for recipe in cell_recipes(params, args.substrate, args.recipe)]
-    reason = unreachable_reason(args.substrate, args.method)
-    if reason is not None:
-        if not args.skip_unreachable:
-            raise ValueError(reason)
-        write_skipped(out_root, specs[0], reason)
-        print(f"skipped: {reason}")
-        return 0
-    for spec in specs:
-        out = run_cell_stage(
-            params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
-            adapter_path=Path(args.adapter) if args.adapter else None,
-            out_root=out_root, track=not args.no_track, progress=not args.no_progress,
-        )
-        print(f"cell {spec.cell_id}: {out}")
+    for method in args.method or [BASELINE_METHOD]:
+        specs = [CellSpec(args.substrate, method, args.seed, recipe)
+                 for recipe in cell_recipes(params, args.substrate, args.recipe)]
+        reason = unreachable_reason(args.substrate, method)
+        if reason is not None:
+            if not args.skip_unreachable:
+                raise ValueError(reason)
+            write_skipped(out_root, specs[0], reason)
+            print(f"skipped: {reason}")
+            continue
+        for spec in specs:
+            out = run_cell_stage(
+                params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
+                adapter_path=Path(args.adapter) if args.adapter else None,
+                out_root=out_root, track=not args.no_track, progress=not args.no_progress,
+            )
+            print(f"cell {spec.cell_id}: {out}")
     return 0
 
 
@@ -359,7 +367,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, COMMAND, cmd_cell, "run one cell (substrate x recipe x method x seed) and score it",
                     corpus=CORPUS_DIR)
     p.add_argument("--substrate", required=True, help="a registered substrate (P, C, R-text, R-struct)")
-    p.add_argument("--method", default=BASELINE_METHOD, help="unlearning method (default: %(default)s)")
+    p.add_argument("--method", action="append", default=None,
+                   help=f"unlearning method (default: {BASELINE_METHOD}); repeat it to run several, one after the other")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument(
         "--recipe", default=None, choices=RECIPES,

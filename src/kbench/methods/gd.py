@@ -1,0 +1,12 @@
+"""`gd`: gradient difference (SPEC §11): gradient ascent on the forget set plus ordinary
+training (NLL) on the retain set (OpenUnlearning's GradDiff, retain_loss_type NLL)."""
+
+from kbench.methods.base import register_method
+from kbench.methods.unlearning import P_ONLY, WeightMethod
+from kbench.methods.unlearning import FORGET_SET, StepLoss, UnlearnStep
+
+
+@register_method("gd", substrates=P_ONLY, hooks=frozenset({"weights"}))
+class GradientDifference(WeightMethod):
+    def unlearning_loss(self, step: UnlearnStep) -> StepLoss:
+        return StepLoss(forget=self.forget_term(-step.policy(FORGET_SET).mean_nll()), retain=self.retain_nll(step))
