@@ -90,8 +90,9 @@ def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
 
 
 def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
-    """The --all-methods parent on P: one cell per method (fake cells writing a manifest under
-    <method>/<recipe>), each logged to MLflow by the parent, and a failing cell reported by name."""
+    """The --all-methods parent on P: each child runs its share of the methods (fake cells writing a
+    manifest under <method>/<recipe>), each finished cell is logged to MLflow by the parent (also
+    those of a share that failed later), and the cell that did not finish is named."""
     import argparse
     import sys
 
@@ -99,12 +100,16 @@ def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
 
     from kbench.stages import cell as cell_stage
 
-    def fake(args, method):
-        folder = kbench_root / "cells" / f"P__s0/{method}/lora"
-        code = (f"from pathlib import Path; from kbench import tracking; f = Path({str(folder)!r}); "
-                f"f.mkdir(parents=True); (f / 'traces.jsonl').write_text(''); "
-                f"tracking.write_manifest(f, 'cell', 'm/P/lora/{method}/0', {{'kbench.method': '{method}'}}, {{}})")
-        return [sys.executable, "-c", code if method != "star" else "raise SystemExit(2)"]
+    def fake(args, methods):  # a child runs its share in turn and stops at star
+        code = "from pathlib import Path; from kbench import tracking\n"
+        for method in methods:
+            if method == "star":
+                code += "raise SystemExit(2)\n"
+                break
+            folder = kbench_root / "cells" / f"P__s0/{method}/lora"
+            code += (f"f = Path({str(folder)!r}); f.mkdir(parents=True); (f / 'traces.jsonl').write_text(''); "
+                     f"tracking.write_manifest(f, 'cell', 'm/P/lora/{method}/0', {{'kbench.method': '{method}'}}, {{}})\n")
+        return [sys.executable, "-c", code]
 
     monkeypatch.setattr(cell_stage, "_cell_command", fake)
     params = Params(methods=["none", "gold", "star"], p_recipes=["lora"])

@@ -370,3 +370,14 @@ def test_a_p_cell_of_a_weight_method_without_its_weights_is_refused(unlearned, p
     with pytest.raises(adapters.InjectionError, match="run `kbench unlearn`"):
         run_cell_stage(missing, CellSpec("P", "ga", 0, "lora"), corpus_dir=corpus_dir, index_dir=None,
                        out_root=tmp / "cells-missing", track=False, progress=False)
+
+
+def test_the_leaderboard_shows_each_weight_method_budget():
+    from types import SimpleNamespace
+
+    from kbench.comparison.tables import shown_budget
+
+    assert shown_budget(SimpleNamespace(unlearned=(), budget_exceptions=())) == ""  # trains nothing
+    assert shown_budget(SimpleNamespace(unlearned=("m/ga/lora",), budget_exceptions=())) == "matched"
+    declared = SimpleNamespace(unlearned=("m/o3/lora",), budget_exceptions=(("learning_rate", "a fresh adapter"),))
+    assert shown_budget(declared) == "differs: learning_rate (a fresh adapter)"

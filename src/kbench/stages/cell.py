@@ -317,17 +317,26 @@ def run_all_methods(params: Params, args: argparse.Namespace) -> None:
     workers = max(1, min(params.execution.cell_workers, len(todo)))
     shares = [todo[i::workers] for i in range(workers)]
 
+    def finished(method: str) -> list[Path]:
+        return [d for d in sorted(method_dirs[method].iterdir()) if (d / tracking.RUN_MANIFEST).exists()] \
+            if method_dirs[method].is_dir() else []
+
     def logged(share: str, seconds: float) -> None:
         log.info("cells %s/{%s} seed %d finished in %.0f s", args.substrate, share, args.seed, seconds)
         for method in share.split(","):
-            if not args.no_track:
-                for recipe_dir in sorted(method_dirs[method].iterdir()):
-                    if (recipe_dir / tracking.RUN_MANIFEST).exists():
-                        tracking.log_output(params, recipe_dir)
+            for recipe_dir in finished(method) if not args.no_track else []:
+                tracking.log_output(params, recipe_dir)
 
     failed = run_side_by_side([(",".join(share), _cell_command(args, share)) for share in shares], workers, logged)
     if failed:
-        raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
+        unfinished = []
+        for failure in failed:  # "a,b,c (exit N)": log the share's finished cells, name the others
+            share, _, code = failure.partition(" ")
+            done = [m for m in share.split(",") if finished(m)]
+            if done:
+                logged(",".join(done), 0.0)
+            unfinished += [f"{m} {code}" for m in share.split(",") if m not in done]
+        raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(unfinished)} (their "
                         "messages are above; finished cells are kept and a rerun resumes)")
 
 
