@@ -22,7 +22,6 @@ from kbench.methods.npo import npo_forget_loss
 from kbench.methods.o3 import detector_flip
 from kbench.methods.unlearning import (
     FORGET_SET,
-    RETAIN_SET,
     P_ONLY,
     Scored,
     StepLoss,
@@ -40,7 +39,7 @@ from kbench.parametric.unlearning import (
     score,
     train_unlearning,
 )
-from kbench.records import FORGET, RETAIN, Query
+from kbench.records import FORGET, Query
 from kbench.stages import inject as inject_stage
 from kbench.stages import unlearn as unlearn_stage
 from kbench.stages.cell import CellSpec, run_cell_stage

@@ -21,7 +21,7 @@ from kbench.backends import build_backend
 from kbench.config import ModelConfig, Params
 from kbench.corpus import Corpus
 from kbench.methods import Fitted, MethodContext, MethodError, build_method
-from kbench.parametric.unlearning import Unlearned
+from kbench.methods.unlearning import Unlearned
 from kbench.records import Query, Split, TraceFormatError, TraceRecord, parse_trace_line
 from kbench.substrates import build_substrate
 

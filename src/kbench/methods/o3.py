@@ -82,7 +82,7 @@ class O3(WeightMethod):
     needs_alternates = True
     own_adapter = True
     budget_exceptions = {
-        "learning_rate": "a fresh adapter trained from zero, where the others continue LoRA-T+D",
+        "learning_rate": "a fresh adapter, trained from zero",
     }
     config: O3Config
     edit_weights = Method.edit_weights  # nothing to load into the weights: the hook applies the unlearn LoRA

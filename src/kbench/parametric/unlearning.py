@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,6 @@ from kbench.methods.unlearning import (
     STACKED,
     UNLEARNING_KEY,
     Scored,
-    StepLoss,
     Unlearned,
     UnlearnStep,
     WeightMethod,

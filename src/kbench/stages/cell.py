@@ -36,7 +36,8 @@ from kbench.names import (
 )
 from kbench.observer.metrics import score_records
 from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapter, model_fingerprint
-from kbench.parametric.unlearning import CONTINUED, Unlearned, check_unlearned, unlearned_dir
+from kbench.methods.unlearning import CONTINUED, Unlearned
+from kbench.parametric.unlearning import check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR

@@ -31,7 +31,14 @@ from kbench.config import DEFAULT_PARAMS, Params
 from kbench.corpus import Corpus, load_corpus
 from kbench.design import load_design
 from kbench.methods import MethodContext, MethodError, build_method, method_class, method_config
-from kbench.methods.unlearning import WeightMethod, method_budget, refusal_chat
+from kbench.methods.unlearning import (
+    CONTINUED,
+    STACKED,
+    UNLEARNING_KEY,
+    WeightMethod,
+    method_budget,
+    refusal_chat,
+)
 from kbench.names import HF_BACKEND, LORA, P_RECIPES
 from kbench.parametric.adapters import (
     ADAPTER_CONFIG,
@@ -48,9 +55,6 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.parametric.injection import ASSISTANT_SYSTEM, record_conversations, training_entities
 from kbench.parametric.lora import Example, tokenize_chat
 from kbench.parametric.unlearning import (
-    CONTINUED,
-    STACKED,
-    UNLEARNING_KEY,
     UnlearningError,
     check_unlearned,
     total_steps,
