@@ -90,9 +90,9 @@ def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
 
 
 def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
-    """The --all-methods parent on P: each child runs its share of the methods (fake cells writing a
-    manifest under <method>/<recipe>), each finished cell is logged to MLflow by the parent (also
-    those of a share that failed later), and the cell that did not finish is named."""
+    """The --all-methods parent on P: children take methods from a work queue (fake cells writing
+    a manifest under <method>/<recipe>), each finished cell is logged to MLflow by the parent, the
+    queue goes on past a child that failed, and the cell that failed is named."""
     import argparse
     import sys
 
@@ -100,21 +100,25 @@ def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
 
     from kbench.stages import cell as cell_stage
 
-    def fake(args, methods):  # a child runs its share in turn and stops at star
-        code = "from pathlib import Path; from kbench import tracking\n"
-        for method in methods:
-            if method == "star":
-                code += "raise SystemExit(2)\n"
-                break
-            folder = kbench_root / "cells" / f"P__s0/{method}/lora"
-            code += (f"f = Path({str(folder)!r}); f.mkdir(parents=True); (f / 'traces.jsonl').write_text(''); "
-                     f"tracking.write_manifest(f, 'cell', 'm/P/lora/{method}/0', {{'kbench.method': '{method}'}}, {{}})\n")
+    def fake(args):  # a queue child: one method per stdin line, fails on star
+        code = (
+            "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
+            "for line in sys.stdin:\n"
+            "    m = line.strip()\n"
+            "    if m == 'star':\n"
+            "        raise SystemExit(2)\n"
+            f"    f = Path({str(kbench_root / 'cells')!r}) / f'P__s0/{{m}}/lora'\n"
+            "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
+            "    tracking.write_manifest(f, 'cell', f'm/P/lora/{m}/0', {'kbench.method': m}, {})\n"
+            "    print('kbench-queue-done', m, flush=True)\n"
+        )
         return [sys.executable, "-c", code]
 
     monkeypatch.setattr(cell_stage, "_cell_command", fake)
-    params = Params(methods=["none", "gold", "star"], p_recipes=["lora"])
+    params = Params(methods=["none", "star", "gold", "repe"], p_recipes=["lora"])
     args = argparse.Namespace(substrate="P", seed=0, recipe=None, out_root=str(kbench_root / "cells"), no_track=False)
-    with pytest.raises(cell_stage.CellError, match="failed: star \\(exit 2\\)"):
+    with pytest.raises(cell_stage.CellError, match="failed: star \\(exit 2\\) "):
         cell_stage.run_all_methods(params, args)
     runs = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list")
-    assert sorted(r.data.tags["kbench.method"] for r in runs) == ["gold", "none"]
+    # star's child died; the other took gold and repe from the queue after none
+    assert sorted(r.data.tags["kbench.method"] for r in runs) == ["gold", "none", "repe"]

@@ -41,7 +41,7 @@ from kbench.parametric.unlearning import check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
-from kbench.stages.workers import run_side_by_side
+from kbench.stages.workers import QUEUE_DONE, run_queue
 from kbench.substrates import substrate_class
 
 log = logging.getLogger(__name__)
@@ -285,13 +285,13 @@ def _unlearned(params: Params, spec: CellSpec, target: Path | None, base_dir: st
     )
 
 
-def _cell_command(args: argparse.Namespace, methods: Sequence[str]) -> list[str]:
-    """The `kbench cell` call of one child of an --all-methods run: its share of the methods, one
-    cell after the other in one process (the imports are paid once); untracked: the parent logs them."""
+def _cell_command(args: argparse.Namespace) -> list[str]:
+    """The `kbench cell --queue` child of an --all-methods run: it runs the methods it is handed
+    on its stdin one after the other in one process (the imports are paid once); untracked:
+    the parent logs each cell."""
     command = [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "cell", "--substrate",
-               args.substrate, *[arg for m in methods for arg in ("--method", m)], "--seed", str(args.seed),
-               "--corpus", args.corpus, "--index", args.index, "--out-root", args.out_root, "--no-track",
-               "--no-progress"]
+               args.substrate, "--queue", "--seed", str(args.seed), "--corpus", args.corpus, "--index", args.index,
+               "--out-root", args.out_root, "--no-track", "--no-progress"]
     if args.recipe:
         command += ["--recipe", args.recipe]
     if args.adapter:
@@ -300,9 +300,11 @@ def _cell_command(args: argparse.Namespace, methods: Sequence[str]) -> list[str]
 
 
 def run_all_methods(params: Params, args: argparse.Namespace) -> None:
-    """Every method of the design on one substrate and seed, `execution.cell_workers` cells side
-    by side, each on its share of the cores (a cell's traces do not depend on its thread count:
-    tests/test_methods.py); each finished cell is then logged to MLflow by this process alone."""
+    """Every method of the design on one substrate and seed through `execution.cell_workers`
+    child processes, each on its share of the cores, taking the next method from a work queue
+    when it finishes one (a cell's traces do not depend on its thread count or on the cells run
+    before it in the process: tests/test_methods.py); each finished cell is then logged to
+    MLflow by this process alone."""
     out_root = Path(args.out_root)
     recipe = cell_recipes(params, args.substrate, args.recipe)[0]
     method_dirs = {m: out_root / CellSpec(args.substrate, m, args.seed, recipe).method_dir for m in params.methods}
@@ -315,29 +317,17 @@ def run_all_methods(params: Params, args: argparse.Namespace) -> None:
             write_skipped(out_root, CellSpec(args.substrate, method, args.seed, recipe), reason)
             log.info("%s: %s (skip marker written)", method_dirs[method], reason)
     log.info("cells of %s seed %d: %s", args.substrate, args.seed, ", ".join(todo))
-    workers = max(1, min(params.execution.cell_workers, len(todo)))
-    shares = [todo[i::workers] for i in range(workers)]
 
-    def finished(method: str) -> list[Path]:
-        return [d for d in sorted(method_dirs[method].iterdir()) if (d / tracking.RUN_MANIFEST).exists()] \
-            if method_dirs[method].is_dir() else []
+    def logged(method: str, seconds: float) -> None:
+        log.info("cell %s/%s seed %d finished in %.0f s", args.substrate, method, args.seed, seconds)
+        if not args.no_track:
+            for recipe_dir in sorted(method_dirs[method].iterdir()):
+                if (recipe_dir / tracking.RUN_MANIFEST).exists():
+                    tracking.log_output(params, recipe_dir)
 
-    def logged(share: str, seconds: float) -> None:
-        log.info("cells %s/{%s} seed %d finished in %.0f s", args.substrate, share, args.seed, seconds)
-        for method in share.split(","):
-            for recipe_dir in finished(method) if not args.no_track else []:
-                tracking.log_output(params, recipe_dir)
-
-    failed = run_side_by_side([(",".join(share), _cell_command(args, share)) for share in shares], workers, logged)
+    failed = run_queue(_cell_command(args), todo, params.execution.cell_workers, logged)
     if failed:
-        unfinished = []
-        for failure in failed:  # "a,b,c (exit N)": log the share's finished cells, name the others
-            share, _, code = failure.partition(" ")
-            done = [m for m in share.split(",") if finished(m)]
-            if done:
-                logged(",".join(done), 0.0)
-            unfinished += [f"{m} {code}" for m in share.split(",") if m not in done]
-        raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(unfinished)} (their "
+        raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
                         "messages are above; finished cells are kept and a rerun resumes)")
 
 
@@ -353,7 +343,18 @@ def cmd_cell(args: argparse.Namespace) -> int:
         run_all_methods(params, args)
         return 0
     out_root = Path(args.out_root)
-    for method in args.method or [BASELINE_METHOD]:
+    if args.queue:  # a child of --all-methods: one method per stdin line, a marker line after each
+        for line in sys.stdin:
+            run_methods(params, args, out_root, [line.strip()])
+            print(f"{QUEUE_DONE} {line.strip()}", flush=True)
+        return 0
+    run_methods(params, args, out_root, args.method or [BASELINE_METHOD])
+    return 0
+
+
+def run_methods(params: Params, args: argparse.Namespace, out_root: Path, methods: Sequence[str]) -> None:
+    """The cells of `methods` on one substrate and seed, one after the other in this process."""
+    for method in methods:
         specs = [CellSpec(args.substrate, method, args.seed, recipe)
                  for recipe in cell_recipes(params, args.substrate, args.recipe)]
         reason = unreachable_reason(args.substrate, method)
@@ -370,7 +371,6 @@ def cmd_cell(args: argparse.Namespace) -> int:
                 out_root=out_root, track=not args.no_track, progress=not args.no_progress,
             )
             print(f"cell {spec.cell_id}: {out}")
-    return 0
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -395,6 +395,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         help="a method that cannot act on the substrate writes a skip marker instead of failing",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--queue", action="store_true",
+                   help="read one method per line on stdin and run each (the children of --all-methods)")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
     p.add_argument("--index", default=str(INDEX_DIR))
     p.add_argument("--out-root", default=str(CELLS_DIR))

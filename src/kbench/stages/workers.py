@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -45,3 +46,74 @@ def run_side_by_side(jobs: Sequence[tuple[str, list[str]]], workers: int,
         for process, _ in running.values():
             process.wait()
     return failed
+
+
+#: What a queue child prints on its stdout after each item it finished (`run_queue`).
+QUEUE_DONE = "kbench-queue-done"
+
+
+def run_queue(command: list[str], items: Sequence[str], workers: int,
+              on_done: Callable[[str, float], None]) -> list[str]:
+    """Run `items` through `workers` long-lived children of `command`, a work queue: each child
+    reads one item per line on its stdin, prints `QUEUE_DONE <item>` when it is finished and
+    gets the next, so no child idles while another has a queue (fixed shares left one idle
+    behind a slow item). `on_done(item, seconds)` runs in this process after each. Returns the
+    failures as "item (exit N)"; a failed or interrupted stage never leaves a child running."""
+    todo = list(items)
+    workers = max(1, min(workers, len(todo)))
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    log.info("%d item(s) through %d child(ren) on %s thread(s) each", len(todo), workers, threads)
+    children = [subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                for _ in range(workers)]
+    current: dict[subprocess.Popen, tuple[str, float]] = {}
+    pending: dict[subprocess.Popen, bytes] = {child: b"" for child in children}
+    failed = []
+
+    def feed(child: subprocess.Popen) -> None:
+        if todo:
+            item = todo.pop(0)
+            current[child] = (item, time.perf_counter())
+            child.stdin.write((item + "\n").encode())
+            child.stdin.flush()
+        else:
+            current.pop(child, None)
+            child.stdin.close()
+
+    def handle(child: subprocess.Popen, line: str) -> None:
+        if line.startswith(QUEUE_DONE + " ") and child in current:
+            item, started = current[child]
+            on_done(item, time.perf_counter() - started)
+            feed(child)
+        else:
+            print(line, flush=True)  # the child's own output, passed through
+
+    selector = selectors.DefaultSelector()
+    try:
+        for child in children:
+            feed(child)
+            selector.register(child.stdout, selectors.EVENT_READ, child)
+        while selector.get_map():
+            for key, _ in selector.select():
+                child = key.data
+                # Raw reads and our own line split: a buffered reader could hold a marker line
+                # that select() never reports again.
+                data = os.read(child.stdout.fileno(), 1 << 16)
+                if not data:  # the child exited: its item (if any) failed
+                    selector.unregister(child.stdout)
+                    code = child.wait()
+                    if pending[child]:
+                        handle(child, pending[child].decode(errors="replace"))
+                    if child in current:
+                        failed.append(f"{current.pop(child)[0]} (exit {code})")
+                    continue
+                *lines, pending[child] = (pending[child] + data).split(b"\n")
+                for line in lines:
+                    handle(child, line.decode(errors="replace"))
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            child.wait()
+    return failed + [f"{item} (not run: every child had exited)" for item in todo]
