@@ -71,14 +71,17 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
     failed = []
 
     def feed(child: subprocess.Popen) -> None:
-        if todo:
-            item = todo.pop(0)
-            current[child] = (item, time.perf_counter())
-            child.stdin.write((item + "\n").encode())
-            child.stdin.flush()
-        else:
-            current.pop(child, None)
-            child.stdin.close()
+        try:
+            if todo:
+                item = todo.pop(0)
+                current[child] = (item, time.perf_counter())
+                child.stdin.write((item + "\n").encode())
+                child.stdin.flush()
+            else:
+                current.pop(child, None)
+                child.stdin.close()
+        except BrokenPipeError:  # the child has died: its end of file reports the item failed
+            pass
 
     def handle(child: subprocess.Popen, line: str) -> None:
         if line.startswith(QUEUE_DONE + " ") and child in current:
