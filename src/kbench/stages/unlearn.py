@@ -47,7 +47,7 @@ from kbench.parametric.adapters import (
     INJECTION_FILE,
     TARGET,
     InjectionError,
-    base_fingerprint,
+    Injected,
     check_injected,
     settle_adapter_config,
 )
@@ -114,7 +114,8 @@ def _inputs_digest(params: Params, name: str, recipe: str, source_hash: str, cor
     budget, _ = method_budget(name, params)
     shaping = {
         "method": name, "recipe": recipe, "source": source_hash, "corpus": corpus_fingerprint,
-        "config": method_config(name, params).model_dump(mode="json"), "budget": budget.model_dump(mode="json"),
+        "config": method_config(name, params).model_dump(mode="json"),
+        "budget": budget.model_dump(mode="json", exclude={"out_dir"}),  # where it is written shapes nothing
         "mix": params.injection.mix, "max_length": params.injection.lora.max_length,
         "entities": params.injection.entities, "seeds": params.seeds, "queries": params.queries.model_dump(mode="json"),
         "model": params.model.model_dump(mode="json"), "agent_base": params.agent_base.model_dump(mode="json"),
@@ -153,9 +154,10 @@ def _finished(folder: Path, base_dir: Path, name: str, recipe: str, source_hash:
     return unlearned.info.get("inputs") == digest and (folder / tracking.RUN_MANIFEST).exists()
 
 
-def train_one(params: Params, corpus: Corpus, base_dir: Path, name: str, recipe: str, *,
+def train_one(params: Params, corpus: Corpus, base_dir: Path, name: str, recipe: str, *, target: Injected,
               source_hash: str, digest: str, track: bool, caches: dict | None = None) -> dict[str, float]:
-    """Train one weight method on one recipe; write, check and record its folder."""
+    """Train one weight method on one recipe from the checked LoRA-T+D `target`; write, check
+    and record its folder."""
     method = build_method(name, MethodContext(corpus, params, seed=0))
     if not isinstance(method, WeightMethod):
         raise MethodError(f"method {name!r} is not a weight method (kbench.methods.unlearning.WeightMethod)")
@@ -176,7 +178,6 @@ def train_one(params: Params, corpus: Corpus, base_dir: Path, name: str, recipe:
     )
     seconds = time.perf_counter() - started
     folder = unlearned_dir(params.unlearning.out_dir, name, recipe)
-    target = check_injected(target_adapter(params), base_dir, role=TARGET)
     curves = run.curves()
     metrics = {
         "steps": float(len(run.loss)),
@@ -185,7 +186,7 @@ def train_one(params: Params, corpus: Corpus, base_dir: Path, name: str, recipe:
     }
     info = {
         "kind": ADAPTER_KIND, "role": TARGET, "entities": list(target.entities),
-        "base_fingerprint": base_fingerprint(base_dir), "base_model": str(base_dir),
+        "base_fingerprint": target.base_fingerprint, "base_model": str(base_dir),
         UNLEARNING_KEY: {
             "method": name, "recipe": recipe, "kind": kind, "source_hash": source_hash, "inputs": digest,
             "config": method.config.model_dump(mode="json"), "budget": budget.model_dump(mode="json"),
@@ -241,7 +242,7 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
     for name in names:
         method_budget(name, params)  # an undeclared budget override fails before any training
     base_dir = Path(model_config.path)
-    check_injected(target_adapter(params), base_dir, role=TARGET)
+    target = check_injected(target_adapter(params), base_dir, role=TARGET)
     source_hash = tracking.output_hash(target_adapter(params))
     corpus_fingerprint = corpus.fingerprint()
     todo = []
@@ -273,8 +274,8 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
     else:
         caches: dict[tuple, dict] = {}
         for name, recipe, digest in todo:
-            train_one(params, corpus, base_dir, name, recipe, source_hash=source_hash, digest=digest, track=track,
-                      caches=caches)
+            train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash, digest=digest,
+                      track=track, caches=caches)
     return {
         f"{name}/{recipe}": json.loads((unlearned_dir(params.unlearning.out_dir, name, recipe) / INJECTION_FILE)
                                        .read_text())["metrics"]

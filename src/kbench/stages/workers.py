@@ -14,6 +14,21 @@ from collections.abc import Callable, Sequence
 log = logging.getLogger(__name__)
 
 
+def _child_env(workers: int) -> dict[str, str]:
+    """The environment of one of `workers` children: its share of the cores as its thread count."""
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
+def _stop(children: Sequence[subprocess.Popen]) -> None:
+    """Terminate the children still running and wait for all (a failed or interrupted stage)."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        child.wait()
+
+
 def run_side_by_side(jobs: Sequence[tuple[str, list[str]]], workers: int,
                      on_done: Callable[[str, float], None]) -> list[str]:
     """Run each (name, command) with at most `workers` at once; `on_done(name, seconds)` after
@@ -21,9 +36,8 @@ def run_side_by_side(jobs: Sequence[tuple[str, list[str]]], workers: int,
     interrupted stage never leaves a child running."""
     todo = list(jobs)
     workers = max(1, min(workers, len(todo)))
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    log.info("%d job(s), %d at a time on %s thread(s) each", len(todo), workers, threads)
+    env = _child_env(workers)
+    log.info("%d job(s), %d at a time on %s thread(s) each", len(todo), workers, env["OMP_NUM_THREADS"])
     running: dict[str, tuple[subprocess.Popen, float]] = {}
     failed = []
     try:
@@ -41,10 +55,7 @@ def run_side_by_side(jobs: Sequence[tuple[str, list[str]]], workers: int,
                     continue
                 on_done(name, time.perf_counter() - started)
     finally:
-        for process, _ in running.values():
-            process.terminate()
-        for process, _ in running.values():
-            process.wait()
+        _stop([process for process, _ in running.values()])
     return failed
 
 
@@ -61,9 +72,8 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
     failures as "item (exit N)"; a failed or interrupted stage never leaves a child running."""
     todo = list(items)
     workers = max(1, min(workers, len(todo)))
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    log.info("%d item(s) through %d child(ren) on %s thread(s) each", len(todo), workers, threads)
+    env = _child_env(workers)
+    log.info("%d item(s) through %d child(ren) on %s thread(s) each", len(todo), workers, env["OMP_NUM_THREADS"])
     children = [subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                 for _ in range(workers)]
     current: dict[subprocess.Popen, tuple[str, float]] = {}
@@ -114,9 +124,5 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
                 for line in lines:
                     handle(child, line.decode(errors="replace"))
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            child.wait()
+        _stop(children)
     return failed + [f"{item} (not run: every child had exited)" for item in todo]
