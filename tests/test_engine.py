@@ -180,3 +180,28 @@ def test_empty_prompt_is_refused(tiny64):
     _, _, engine = tiny64
     with pytest.raises(ValueError, match="empty prompt"):
         engine.prefill([KVState()], [[]])
+
+
+def test_score_equals_a_full_recompute_for_every_pair(tiny64):
+    """Teacher-forced log-probabilities of continuations (shared prompts prefilled once, uneven
+    continuation lengths, batched) equal a full forward pass over prompt + continuation."""
+    model, tokenizer, engine = tiny64
+    engine.clear_prefixes()
+    prompts = [encode_prompt(tokenizer, chat(q)) for q in QUESTIONS[:3]]
+    answers = ["It is 1983-07-14.", "12 Main Street, Springfield", "x", "A civil engineer at Meridian Infrastructure."]
+    pairs = [(p, tokenizer.encode(a, add_special_tokens=False)) for p in prompts for a in answers]
+    for share, batch_size in ((True, None), (False, 5)):
+        scores = engine.score([p for p, _ in pairs], [c for _, c in pairs], share_prefixes=share, batch_size=batch_size)
+        for (prompt, continuation), got in zip(pairs, scores):
+            with torch.inference_mode():
+                logits = model(input_ids=torch.tensor([prompt + continuation])).logits[0].float()
+            logprobs = torch.log_softmax(logits, -1)
+            want = [float(logprobs[len(prompt) - 1 + k, t]) for k, t in enumerate(continuation)]
+            assert len(got) == len(continuation)
+            assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6  # float32 logits, as the engine returns
+
+
+def test_score_refuses_an_empty_continuation(tiny64):
+    _, tokenizer, engine = tiny64
+    with pytest.raises(ValueError, match="empty"):
+        engine.score([encode_prompt(tokenizer, chat("Who?"))], [[]])

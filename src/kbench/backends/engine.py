@@ -131,9 +131,11 @@ class Engine:
         self._prefixes = []
 
     # -- forward passes ------------------------------------------------------------------
-    def _forward(self, rows: Sequence[int], states: Sequence[KVState], new: Sequence[Sequence[int]]) -> _Batch:
+    def _forward(self, rows: Sequence[int], states: Sequence[KVState], new: Sequence[Sequence[int]],
+                 *, every_position: bool = False) -> _Batch:
         """Feed `new[j]` after `states[j]`: rows bring the same number of new tokens, or a
-        fresh state is left-padded. The states then hold views into the batch's cache."""
+        fresh state is left-padded. The states then hold views into the batch's cache.
+        `every_position`: the batch's logits are (rows, new tokens, vocab), not the last only."""
         width = max(s.length for s in states)
         held = sum(s.length for s in states)
         count = max(len(n) for n in new)
@@ -147,7 +149,7 @@ class Engine:
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, width:]
         batch = _Batch(list(rows), _assemble(states, width), mask, None)  # type: ignore[arg-type]
         started = time.perf_counter()
-        batch.logits = self._run(batch, ids, positions)
+        batch.logits = self._run(batch, ids, positions, every_position=every_position)
         self.stats.prefill_passes += 1
         self.stats.prefill_seconds += time.perf_counter() - started
         self.stats.prefill_tokens += sum(len(t) for t in new)
@@ -159,10 +161,12 @@ class Engine:
             state.layers = _row(layers, j, total)
         return batch
 
-    def _run(self, batch: _Batch, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One forward pass of the model; the last position's logits, (rows, vocab)."""
+    def _run(self, batch: _Batch, ids: torch.Tensor, positions: torch.Tensor, *,
+             every_position: bool = False) -> torch.Tensor:
+        """One forward pass of the model; the last position's logits, (rows, vocab), or with
+        `every_position` every fed position's, (rows, positions, vocab)."""
         self.active_rows = tuple(batch.rows)
-        kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        kwargs = {"logits_to_keep": 1} if self._logits_to_keep and not every_position else {}
         try:
             output = self.model(
                 input_ids=ids, attention_mask=batch.mask, position_ids=positions, cache=batch.cache,
@@ -170,7 +174,7 @@ class Engine:
             )
         finally:
             self.active_rows = ()
-        return output.logits[:, -1, :].float()
+        return output.logits.float() if every_position else output.logits[:, -1, :].float()
 
     # -- prefill -------------------------------------------------------------------------
     def _reuse(self, states: Sequence[KVState], prompts: Sequence[Sequence[int]], share: bool) -> None:
@@ -219,13 +223,7 @@ class Engine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("the engine cannot prefill an empty prompt")
         self._reuse(states, prompts, share)
-        pending = [len(p) - s.length for s, p in zip(states, prompts)]
-        batches = []
-        for rows in self._groups(pending):
-            count = max(pending[i] for i in rows)
-            for i in rows:  # re-feed cached tokens so every row brings `count` new ones
-                states[i].crop(max(0, len(prompts[i]) - count))
-            batches.append(self._forward(rows, [states[i] for i in rows], [prompts[i][states[i].length :] for i in rows]))
+        batches = self._feed(list(range(len(states))), states, prompts)
         if len(batches) == 1:
             return batches[0]
         rows = [i for b in batches for i in b.rows]
@@ -235,6 +233,22 @@ class Engine:
             mask[j, width - states[i].length :] = 1
         logits = torch.cat([b.logits for b in batches])
         return _Batch(rows, _assemble([states[i] for i in rows], width), mask, logits)
+
+    def _feed(self, rows: Sequence[int], states: Sequence[KVState], sequences: Sequence[Sequence[int]], *,
+              every_position: bool = False) -> list[_Batch]:
+        """Make `states[j]` hold `sequences[j]` (it holds a prefix of it), in groups of rows
+        with alike numbers of new tokens; `rows[j]` is the row index a forward hook sees."""
+        pending = [len(q) - s.length for s, q in zip(states, sequences)]
+        batches = []
+        for group in self._groups(pending):
+            count = max(pending[j] for j in group)
+            for j in group:  # re-feed cached tokens so every row brings `count` new ones
+                states[j].crop(max(0, len(sequences[j]) - count))
+            batches.append(self._forward(
+                [rows[j] for j in group], [states[j] for j in group],
+                [sequences[j][states[j].length :] for j in group], every_position=every_position,
+            ))
+        return batches
 
     def prefill(
         self, states: Sequence[KVState], prompts: Sequence[Sequence[int]], *, share_prefixes: bool = True
@@ -250,6 +264,55 @@ class Engine:
             batch = self._prefill(states, prompts, share_prefixes)
         order = {i: j for j, i in enumerate(batch.rows)}
         return batch.logits[[order[i] for i in range(len(states))]]
+
+    # -- teacher-forced scoring -----------------------------------------------------------
+    def score(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *,
+        share_prefixes: bool = True, batch_size: int | None = None,
+    ) -> list[list[float]]:
+        """Log-probability of each continuation token after its prompt, one row per pair.
+
+        Each distinct prompt is prefilled once (row: the first pair that has it, for a forward
+        hook); its pairs then feed their continuations over views of its cache. Pass
+        `share_prefixes=False` when a forward hook treats sequences differently.
+        """
+        if len(prompts) != len(continuations):
+            raise ValueError("one continuation per prompt")
+        if any(len(p) == 0 for p in prompts) or any(len(c) == 0 for c in continuations):
+            raise ValueError("the engine cannot score an empty prompt or continuation")
+        scores: list[list[float]] = [[] for _ in prompts]
+        size = batch_size or len(prompts)
+        with torch.inference_mode():
+            for start in range(0, len(prompts), size):
+                rows = list(range(start, min(start + size, len(prompts))))
+                self._score_rows(rows, prompts, continuations, share_prefixes, scores)
+        return scores
+
+    def _score_rows(self, rows: list[int], prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                    share: bool, scores: list[list[float]]) -> None:
+        first: dict[tuple[int, ...], int] = {}
+        for i in rows:
+            first.setdefault(tuple(prompts[i]), i)
+        heads = list(first.values())  # each distinct prompt, as the first pair that has it
+        held = [KVState() for _ in heads]
+        cut = [list(prompts[i][:-1]) or list(prompts[i]) for i in heads]
+        self._reuse(held, cut, share)  # a state keeps at least one token of its prompt to feed
+        self._feed(heads, held, cut)
+        prompt_state = {tuple(prompts[i]): s for i, s in zip(heads, held)}
+        states, sequences = [], []
+        for i in rows:
+            state, prompt = KVState(), list(prompts[i])
+            # the prompt's last token predicts the first continuation token: it is fed again
+            state._adopt(prompt_state[tuple(prompt)], len(prompt) - 1)
+            states.append(state)
+            sequences.append(prompt + list(continuations[i][:-1]))
+        for batch in self._feed(rows, states, sequences, every_position=True):
+            width = batch.logits.shape[1]
+            for j, i in enumerate(batch.rows):
+                n = len(continuations[i])
+                logits = batch.logits[j, width - n :]
+                targets = torch.tensor(continuations[i], device=logits.device)
+                scores[i] = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0].tolist()
 
     # -- decode --------------------------------------------------------------------------
     @torch.inference_mode()

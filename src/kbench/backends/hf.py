@@ -219,6 +219,11 @@ class HFBackend(Backend):
         pass, None under `model.engine: generate` (every row, in order)."""
         return None if self._reference else self._engine.active_rows
 
+    @property
+    def engine(self) -> Engine:
+        """The KV engine over the current weights (a loaded adapter gets a new one)."""
+        return self._engine
+
     def session(self) -> KVState | None:
         """A fresh KV state for one trajectory (None under `model.engine: generate`)."""
         return None if self._reference else KVState()
