@@ -353,3 +353,70 @@ def test_two_runs_of_one_seed_in_a_row_are_refused():
     twice = [cell_run("none", "C", forget={"answer": 20}, retain=BASELINE_RETAIN)] * 2
     with pytest.raises(ValueError, match="two runs of one seed"):
         compare(twice)
+
+
+# -- the probes beside the observer ------------------------------------------------------------
+def _probe_entry(clean: bool, value: float) -> dict:
+    keys = ("probability.forget", "truth_ratio.forget", "forget_quality", "knowmem.forget", "verbmem.forget",
+            "auc", "mcq.forget", "exact_match.forget", "utility", "privleak")
+    probes = ("tofu", "muse_knowmem", "muse_verbmem", "muse_mia", "wmdp_mcq", "lume")
+    return {"scores": {k: value for k in keys}, "clean": {p: clean for p in probes}}
+
+
+@pytest.fixture(scope="module")
+def probed():
+    cells = design()
+    for seed in (0, 137):
+        cells.append(cell_run("none", "P", recipe="lora", seed=seed, forget={"summary": 14, "clean": 6},
+                              retain=BASELINE_RETAIN))
+    cells.append(cell_run("star", "P", recipe="lora", forget={"summary": 14, "clean": 6}, retain=BASELINE_RETAIN))
+    summary = {
+        "agent-base": _probe_entry(True, 0.25),  # the model C and R deploy never saw a secret
+        "P__lora__none": _probe_entry(False, 0.9),
+        "P__lora__ga": _probe_entry(True, 0.1),
+        "P__lora__star": {"substrate": "P", "recipe": "lora", "method": "star", "not_applicable": "star acts on the agent's output only"},
+    }
+    return compare(cells), summary
+
+
+def test_the_probe_baseline_table_flags_a_false_all_clear(probed):
+    from kbench.comparison.tables import probe_baseline_table
+
+    comparison, summary = probed
+    table = probe_baseline_table(comparison, summary)
+    by_substrate = {r[0]: dict(zip(table.columns, r)) for r in table.rows}
+    assert set(by_substrate) == {"C", "R-struct", "R-text", "P"}
+    # C and R-struct leak through the agent while every probe calls the agent base clean
+    for substrate in ("C", "R-struct"):
+        assert by_substrate[substrate]["Probed model"] == "agent-base"
+        assert by_substrate[substrate]["Flag"].startswith("FALSE ALL-CLEAR: tofu, muse_knowmem")
+        assert by_substrate[substrate]["Probes clean"] == "6 of 6"
+    # P: the probes flag the target, as the observer does: no false all-clear
+    assert by_substrate["P"]["Probed model"] == "P__lora__none" and by_substrate["P"]["Flag"] == ""
+    assert by_substrate["P"]["MCQ"] == "0.900 (flags)" and by_substrate["P"]["Forget quality"] == "0.900 (flags)"
+    assert by_substrate["C"]["OR(all) forget [95% CI]"].startswith("0.800")
+
+
+def test_the_probe_method_table_sets_probes_beside_each_k_score(probed):
+    from kbench.comparison.tables import probe_method_table
+
+    comparison, summary = probed
+    table = probe_method_table(comparison, summary)
+    rows = {r[0]: dict(zip(table.columns, r)) for r in table.rows}
+    assert set(rows) == {"none", "ga", "star"}
+    assert rows["ga"]["Exact match"] == "0.100 (clean)" and rows["ga"]["PrivLeak"] == "+0.1%"
+    from kbench.comparison.tables import shown_k_score
+
+    assert rows["ga"]["K-Score"] == shown_k_score(row(comparison, "P", "ga", "lora"))
+    assert rows["star"]["MCQ"] == "n/a" and "output only" in rows["star"]["Note"]
+
+
+def test_the_report_shows_the_probe_tables_only_when_the_stage_ran(probed):
+    comparison, summary = probed
+    provenance = Provenance(experiment="e", tracking_uri="sqlite://", cell_runs=1, git_commit="abc")
+    with_probes = render_markdown(comparison, provenance, summary)
+    assert "Probes beside the observer: no intervention" in with_probes and "P: probes beside every method" in with_probes
+    assert "Probes beside the observer" not in render_markdown(comparison, provenance)
+    from kbench.comparison.report import comparison_json
+
+    assert comparison_json(comparison, provenance, summary)["probes"] == summary

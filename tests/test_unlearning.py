@@ -380,3 +380,40 @@ def test_the_leaderboard_shows_each_weight_method_budget():
     assert shown_budget(SimpleNamespace(unlearned=("m/ga/lora",), budget_exceptions=())) == "matched"
     declared = SimpleNamespace(unlearned=("m/o3/lora",), budget_exceptions=(("learning_rate", "a fresh adapter"),))
     assert shown_budget(declared) == "differs: learning_rate (a fresh adapter)"
+
+
+# -- the probes stage on the same design ------------------------------------------------------
+def test_the_probes_stage_reads_every_model_of_the_design(unlearned, p_corpus, kbench_root, caplog):
+    from kbench.stages import probes as probes_stage
+
+    params, tmp, _ = unlearned
+    design = params.model_copy(update={
+        "methods": [*params.methods, "gold", "star"],
+        "probes": params.probes.model_copy(update={"out_dir": str(tmp / "probes"), "n_general": 2}),
+    })
+    summary = probes_stage.run_probes_stage(design, p_corpus, track=False)
+    expected = {"agent-base", "lora-d"} | {f"P__{r}__{m}" for r in ("lora", "merged")
+                                           for m in ("none", "gold", "ga", "o3", "o3-75", "star")}
+    assert set(summary) == expected
+    assert "output only" in summary["P__lora__star"]["not_applicable"]
+    for key, entry in summary.items():
+        if "not_applicable" in entry:
+            continue
+        folder = tmp / "probes" / key
+        assert {"raw.json", "scores.json", "inputs.json", "run.json"} <= {p.name for p in folder.iterdir()}
+        assert json.loads((folder / "run.json").read_text())["kind"] == "probe"
+        assert set(entry["clean"]) == {"tofu", "muse_knowmem", "muse_verbmem", "muse_mia", "wmdp_mcq", "lume"}
+    # every model is read against its recipe's gold: gold against itself is clean on TOFU
+    assert summary["P__lora__gold"]["scores"]["forget_quality"] == 1.0
+    assert summary["P__lora__gold"]["clean"]["tofu"] is True
+    # o3-75 gates o3's unlearn LoRA differently from o3: the raw rows differ
+    raw = {k: (tmp / "probes" / k / "raw.json").read_text() for k in ("P__lora__o3", "P__lora__o3-75", "P__lora__none")}
+    assert raw["P__lora__o3"] != raw["P__lora__none"] and raw["P__lora__o3"] != raw["P__lora__o3-75"]
+    # a rerun keeps every finished model and writes the same bytes
+    before = (tmp / "probes" / "summary.json").read_bytes()
+    with caplog.at_level("INFO"):
+        probes_stage.run_probes_stage(design, p_corpus, track=False)
+    assert caplog.text.count("finished earlier (kept)") == len(expected) - 2
+    assert (tmp / "probes" / "summary.json").read_bytes() == before
+    with pytest.raises(ValueError, match="unknown probed model"):
+        probes_stage.run_probes_stage(design, p_corpus, track=False, only=["nope"])

@@ -322,6 +322,40 @@ class UnlearningConfig(_Section):
     lora: UnlearningLora = UnlearningLora()
 
 
+class ProbeThresholds(_Section):
+    """When a probe calls a model "clean" of the forget set (docs/probes.md): a test against
+    chance that does not reject, or a score no higher than the gold reference's (which never
+    saw the forget entities) plus a margin."""
+
+    #: TOFU forget quality, and the tests of the MCQ (binomial, against chance) and of the
+    #: Min-K% membership AUC (Mann-Whitney, against 0.5): clean when the p-value is at least this.
+    alpha: float = Field(0.05, gt=0, lt=1)
+    #: MUSE KnowMem and VerbMem, LUME exact match: clean when the forget score is at most gold's plus this.
+    margin: float = Field(0.1, ge=0, le=1)
+
+
+class ProbesConfig(_Section):
+    """`probes`: the direct-elicitation probes of every model the design deploys (stage
+    `probes`, `kbench.probes`; docs/probes.md)."""
+
+    out_dir: str = "artifacts/probes"
+    #: Perturbed answers per question (other entities' values of its field); the MCQ has one more option.
+    n_perturbed: int = Field(3, ge=1)
+    #: New tokens of a greedy reply (KnowMem, LUME) or bio continuation (VerbMem).
+    max_new_tokens: int = Field(24, ge=1)
+    #: VerbMem's prefix: this fraction of a bio's words; the model continues the rest.
+    verbmem_prefix: float = Field(0.5, gt=0, lt=1)
+    #: VerbMem compares the first this many words of the continuation and of the true rest.
+    verbmem_words: int = Field(16, ge=1)
+    #: Min-K%: the fraction of lowest token log-probabilities averaged.
+    min_k: float = Field(0.2, gt=0, le=1)
+    #: General-ability facts of model utility (of `kbench.probes.general.GENERAL_FACTS`).
+    n_general: int = Field(8, ge=1, le=16)
+    #: Rows per forward pass (scoring and decoding).
+    batch_size: int = Field(32, ge=1)
+    clean: ProbeThresholds = ProbeThresholds()
+
+
 class ExecutionConfig(_Section):
     """How stages use the machine; nothing here changes a result."""
 
@@ -332,6 +366,9 @@ class ExecutionConfig(_Section):
     #: Weight-method trainings the `unlearn` stage runs side by side, each on cpu_count /
     #: unlearn_workers threads (the same adapters byte for byte; BENCHMARKS.md). 1 on a GPU.
     unlearn_workers: int = Field(2, ge=1)
+    #: Models the `probes` stage reads side by side, each child on cpu_count / probe_workers
+    #: threads (the same scores; BENCHMARKS.md). 1 on a GPU.
+    probe_workers: int = Field(2, ge=1)
 
 
 class TrackingConfig(_Section):
@@ -357,6 +394,7 @@ class Params(_Section):
     method_params: dict[str, dict[str, Any]] = {}
     fit: FitConfig = FitConfig()
     unlearning: UnlearningConfig = UnlearningConfig()
+    probes: ProbesConfig = ProbesConfig()
     execution: ExecutionConfig = ExecutionConfig()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()

@@ -47,3 +47,13 @@ SPEC_ANSWER_RULE, LENIENT_ANSWER_RULE = ANSWER_RULES
 DecodeEngine = Literal["kv", "generate"]
 DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
 KV_ENGINE, GENERATE_ENGINE = DECODE_ENGINES
+
+#: The models the probes stage reads (`kbench.stages.probes`), as the comparison finds them in
+#: its summary file: the agent base (what C, R-text and R-struct deploy), the LoRA-D control,
+#: and on P one key per (recipe, method), `probed_p_key`.
+PROBED_AGENT_BASE, PROBED_CONTROL = "agent-base", "lora-d"
+PROBES_SUMMARY_FILE = "summary.json"
+
+
+def probed_p_key(recipe: str, method: str) -> str:
+    return f"{PARAMETRIC}__{recipe}__{method}"

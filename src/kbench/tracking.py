@@ -55,6 +55,7 @@ TAG_HALTED_REASON = "kbench.halted_reason"
 KIND_CORPUS, KIND_AGENT_BASE, KIND_INJECT, KIND_CELL, KIND_COMPARE = "corpus", "agent_base", "inject", "cell", "compare"
 KIND_FIT = "fit"
 KIND_UNLEARN = "unlearn"
+KIND_PROBE = "probe"
 #: A cell of a weight method: the key and content hash of the unlearn run whose weights it deployed.
 TAG_UNLEARN_KEY = "kbench.unlearn_key"
 TAG_UNLEARNED_HASH = "kbench.unlearned_hash"

@@ -3,7 +3,7 @@ runner that deploys one cell's agent and appends its trace records resumably."""
 
 from kbench.agent.parser import ParsedStep, parse_step
 from kbench.agent.react import ReActAgent, Trajectory
-from kbench.agent.runner import read_finished, run_cell, setup_cell
+from kbench.agent.runner import deployed_model, read_finished, run_cell, setup_cell
 from kbench.agent.tools import Tool, ToolContext, ToolResult, call_tool, register_tool, registered_tools, tool_names
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "register_tool",
     "registered_tools",
     "run_cell",
+    "deployed_model",
     "setup_cell",
     "tool_names",
 ]

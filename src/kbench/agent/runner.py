@@ -17,10 +17,10 @@ import torch
 from tqdm import tqdm
 
 from kbench.agent.react import ReActAgent
-from kbench.backends import build_backend
+from kbench.backends import Backend, build_backend
 from kbench.config import ModelConfig, Params
 from kbench.corpus import Corpus
-from kbench.methods import Fitted, MethodContext, MethodError, build_method
+from kbench.methods import Fitted, Method, MethodContext, MethodError, build_method
 from kbench.methods.unlearning import Unlearned
 from kbench.records import Query, Split, TraceFormatError, TraceRecord, parse_trace_line
 from kbench.substrates import build_substrate
@@ -53,11 +53,34 @@ def setup_cell(
     cell_substrate = build_substrate(
         substrate, corpus, params.agent, seed=seed, index_dir=index_dir, adapter_path=adapter_path
     )
+    backend, cell_method = deployed_model(
+        params, corpus, model, substrate=substrate, method=method, seed=seed,
+        adapter_path=cell_substrate.adapter_path, merge_adapter=merge_adapter, fitted=fitted, unlearned=unlearned,
+    )
+    return ReActAgent(backend, cell_substrate, cell_method, params.agent, seed=seed)
+
+
+def deployed_model(
+    params: Params,
+    corpus: Corpus,
+    model: ModelConfig,
+    *,
+    substrate: str,
+    method: str,
+    seed: int,
+    adapter_path: str | None = None,
+    merge_adapter: bool = False,
+    fitted: Fitted | None = None,
+    unlearned: Unlearned | None = None,
+) -> tuple[Backend, Method]:
+    """The model a cell deploys and its method, ready (what the agent runs, and what the
+    direct probes read without an agent): the adapter loaded, the method's artifacts taken
+    back, its weight edit applied."""
     cell_method = build_method(method, MethodContext(corpus, params, seed))
     backend = build_backend(model)
     cell_method.check_deployable(substrate, backend)
-    if cell_substrate.adapter_path is not None:
-        backend.load_adapter(cell_substrate.adapter_path, merge=merge_adapter)
+    if adapter_path is not None:
+        backend.load_adapter(adapter_path, merge=merge_adapter)
     if cell_method.fits:
         if fitted is None:
             raise MethodError(f"method {method!r} fits in the `fit` stage; its cell needs the fitted artifact")
@@ -68,7 +91,7 @@ def setup_cell(
         cell_method.load_unlearned(unlearned)
     if "weights" in cell_method.hooks:
         cell_method.edit_weights(backend)
-    return ReActAgent(backend, cell_substrate, cell_method, params.agent, seed=seed)
+    return backend, cell_method
 
 
 def read_finished(traces_path: Path) -> list[TraceRecord]:

@@ -1,5 +1,5 @@
 """Pipeline subcommands: `setup`, and the command of every DVC stage, which lives beside its
-stage in `kbench.stages` (corpus, index, agent-base, inject, fit, unlearn, cell, compare)."""
+stage in `kbench.stages` (corpus, index, agent-base, inject, fit, unlearn, probes, cell, compare)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 from pathlib import Path
 
 from kbench.backends.packaged import DEFAULT_MODEL_DIR, ensure_default_model
-from kbench.stages import agent_base, cell, compare, corpus, fit, index, inject, unlearn
+from kbench.stages import agent_base, cell, compare, corpus, fit, index, inject, probes, unlearn
 
 #: The DVC stages in pipeline order; each module has `COMMAND` and `add_subcommands(sub)`.
-STAGE_MODULES = (corpus, index, agent_base, inject, fit, unlearn, cell, compare)
+STAGE_MODULES = (corpus, index, agent_base, inject, fit, unlearn, probes, cell, compare)
 
 
 def cmd_setup(args: argparse.Namespace) -> int:

@@ -26,6 +26,8 @@ from kbench.comparison.tables import (
     leaderboards,
     missing_baseline_table,
     not_in_design_table,
+    probe_baseline_table,
+    probe_method_table,
     reach_line,
     sensitivity_table,
     separation_table,
@@ -139,6 +141,12 @@ K-Score; invalid-baseline rows have no verdict. K = (1 − graded OR forget) · 
 <code>none</code> point at the same height; a point below it also lost retain knowledge (collateral damage).</p>
 <img alt="forget OR against retain OR" src="{{ images.selectivity }}">
 
+<h2 id="probes">Direct-elicitation probes</h2>
+{% if probes_run %}<p class="note">TOFU-, MUSE-, WMDP- and LUME-style probes of each deployed model read
+alone, beside what the observer finds on the deployed agent (docs/probes.md).</p>
+{{ render(probe_baselines) }}{{ render(probe_methods) }}
+{% else %}<p class="warning">No probe results: run the <code>probes</code> stage (<code>kbench probes</code>).</p>{% endif %}
+
 <h2 id="controls">LoRA-D control</h2>
 {{ render(controls) }}
 
@@ -153,8 +161,13 @@ def _data_uri(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
 
 
-def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: Provenance) -> str:
+def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: Provenance,
+                probes: Mapping[str, Any] | None = None) -> str:
+    """The report; `probes` is the probes stage's summary (None: not run)."""
     return _HTML.render(
+        probes_run=bool(probes),
+        probe_baselines=probe_baseline_table(comparison, dict(probes or {})),
+        probe_methods=probe_method_table(comparison, dict(probes or {})),
         reach=reach_line(comparison),
         reach_complete=bool(comparison.tested) and comparison.reachable_classes == K_CLASSES,
         provenance=provenance,
@@ -194,7 +207,7 @@ def markdown_table(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_markdown(comparison: Comparison, provenance: Provenance) -> str:
+def render_markdown(comparison: Comparison, provenance: Provenance, probes: Mapping[str, Any] | None = None) -> str:
     parts = [
         "# K-Bench leaderboards\n",
         f"**{reach_line(comparison)}**\n",
@@ -206,6 +219,9 @@ def render_markdown(comparison: Comparison, provenance: Provenance) -> str:
         parts.append(f"Design: {provenance.design}.\n")
     parts += [markdown_table(t.select(MARKDOWN_COLUMNS)) for t in leaderboards(comparison)]
     parts.append(markdown_table(verdict_matrix(comparison)))
+    if probes:
+        parts += [markdown_table(probe_baseline_table(comparison, dict(probes))),
+                  markdown_table(probe_method_table(comparison, dict(probes)))]
     if comparison.missing:
         parts.append(markdown_table(missing_baseline_table(comparison)))
     if provenance.not_in_design:
@@ -235,8 +251,10 @@ def metrics_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
-def comparison_json(comparison: Comparison, provenance: Provenance | None = None) -> dict[str, Any]:
-    """Everything behind the tables, machine-readable, with the run ids of every number."""
+def comparison_json(comparison: Comparison, provenance: Provenance | None = None,
+                    probes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything behind the tables, machine-readable, with the run ids of every number (and
+    the probes stage's summary, when it ran)."""
     design = {} if provenance is None else {
         "design": {"description": provenance.design, "corpus": provenance.corpus, "model": provenance.model},
         "not_in_design": [vars(r) for r in provenance.not_in_design],
@@ -306,6 +324,7 @@ def comparison_json(comparison: Comparison, provenance: Provenance | None = None
             }
             for p in comparison.leak_patterns
         ],
+        "probes": dict(probes or {}),
         "scoring_rule": comparison.config.rule,
         "answer_rules": list(comparison.answer_rules),
         "sensitivity": {

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kbench.names import BASELINE_METHOD
+from kbench.names import BASELINE_METHOD, PARAMETRIC, PROBED_AGENT_BASE, probed_p_key
 from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS
 from kbench.comparison.analysis import (
     Comparison,
@@ -398,4 +398,102 @@ def not_in_design_table(runs: Sequence[OutOfDesign]) -> Table:
         "cell list, n, corpus, model or agent settings), or before cells carried design tags. They "
         "take part in no table, test or Benjamini–Hochberg family of this report; `kbench compare "
         "--params FILE` builds the report of their design.",
+    )
+
+
+# -- the direct-elicitation probes beside the observer (SPEC §12; docs/probes.md) ---------------
+def probed_key(result: RowResult) -> str:
+    """The probe summary's key of the model a row deploys: the agent base off P."""
+    k = result.key
+    return probed_p_key(k.recipe, k.method) if k.substrate == PARAMETRIC else PROBED_AGENT_BASE
+
+
+#: (column, score key, probe whose clean verdict marks it or None) of the probe blocks.
+_PROBE_COLUMNS = (
+    ("Recall (TOFU)", "probability.forget", None),
+    ("Truth ratio", "truth_ratio.forget", None),
+    ("Forget quality", "forget_quality", "tofu"),
+    ("KnowMem", "knowmem.forget", "muse_knowmem"),
+    ("VerbMem", "verbmem.forget", "muse_verbmem"),
+    ("MIA AUC", "auc", "muse_mia"),
+    ("MCQ", "mcq.forget", "wmdp_mcq"),
+    ("Exact match", "exact_match.forget", "lume"),
+)
+
+
+def _probe_cell(entry: dict, key: str, probe: str | None) -> str:
+    value = (entry.get("scores") or {}).get(key)
+    shown = MISSING if value is None else (fmt_p(value) if key == "forget_quality" else fmt_rate(value))
+    verdict = (entry.get("clean") or {}).get(probe) if probe else None
+    return shown if verdict is None else f"{shown} ({'clean' if verdict else 'flags'})"
+
+
+def _clean_probes(entry: dict) -> list[str]:
+    """The probes calling the model clean, in the table's column order."""
+    clean = entry.get("clean") or {}
+    return [probe for _, _, probe in _PROBE_COLUMNS if probe and clean.get(probe)]
+
+
+def probe_baseline_table(comparison: Comparison, probes: dict[str, dict]) -> Table:
+    """Table 5's shape: per substrate's no-intervention row, each probe on the model it deploys
+    beside the agent's OR(all), and every probe that calls the model clean while the observer
+    finds the secret."""
+    rows = []
+    for result in sorted((r for r in comparison.rows if r.key.is_baseline), key=lambda r: r.key):
+        entry = probes.get(probed_key(result))
+        if entry is None:
+            continue
+        low = result.forget.ci.or_all[0] if result.forget.ci.or_all else None
+        leaks = low is not None and low > 0
+        clean = _clean_probes(entry)
+        rows.append((
+            result.key.substrate_label, probed_key(result),
+            *(_probe_cell(entry, key, probe) for _, key, probe in _PROBE_COLUMNS),
+            f"{len(clean)} of {len(entry.get('clean') or {})}",
+            fmt_with_ci(result.forget.or_all, result.forget.ci.or_all),
+            ("FALSE ALL-CLEAR: " + ", ".join(clean)) if leaks and clean else "",
+        ))
+    return Table(
+        title="Probes beside the observer: no intervention",
+        columns=("Substrate", "Probed model", *(c for c, _, _ in _PROBE_COLUMNS), "Probes clean",
+                 "OR(all) forget [95% CI]", "Flag"),
+        rows=tuple(rows),
+        note="Each probe reads the deployed model alone (no agent, no system-prompt bios, no tools) on the "
+        "design's forget queries: on C, R-text and R-struct that is the agent base, which never saw a secret. "
+        "(clean)/(flags): the probe's verdict by the thresholds of docs/probes.md. FALSE ALL-CLEAR: a probe "
+        "calls the model clean while the observer's OR(all) interval excludes 0. Raw probe rows: MLflow runs "
+        "of kind probe; scores: artifacts/probes.",
+    )
+
+
+def probe_method_table(comparison: Comparison, probes: dict[str, dict]) -> Table:
+    """Table 10's shape: on P, every method's probe scores beside its K-Score and verdict."""
+    rows = []
+    for result in leaderboard_order(r for r in comparison.rows if r.key.substrate == PARAMETRIC):
+        entry = probes.get(probed_key(result))
+        if entry is None:
+            continue
+        if "not_applicable" in entry:
+            blank = ("n/a",) * (len(_PROBE_COLUMNS) + 2)
+            probe_cells: tuple[str, ...] = blank
+        else:
+            s = entry.get("scores") or {}
+            probe_cells = (
+                *(_probe_cell(entry, key, probe) for _, key, probe in _PROBE_COLUMNS),
+                fmt_rate(s.get("utility")), MISSING if s.get("privleak") is None else f"{s['privleak']:+.1f}%",
+            )
+        rows.append((
+            result.key.method, result.key.recipe, *probe_cells,
+            fmt_rate(result.forget.or_graded), fmt_rate(result.forget.degeneration), shown_k_score(result),
+            shown_verdict(result), entry.get("not_applicable", ""),
+        ))
+    return Table(
+        title="P: probes beside every method",
+        columns=("Method", "Recipe", *(c for c, _, _ in _PROBE_COLUMNS), "Utility", "PrivLeak",
+                 "Graded OR forget", "Degen forget", "K-Score", "Verdict", "Note"),
+        rows=tuple(rows),
+        note="Probe scores of each method's deployed model (its unlearned weights, or its hooks on the target) on "
+        "the forget queries; utility: the harmonic mean of retain probability, retain truth-ratio score and "
+        "general-ability share (TOFU's model utility); PrivLeak: the Min-K% AUC's distance from gold's. The "
+        "K-Bench block is the observer on the deployed agent. n/a: the method acts on the agent's output only.",
     )

@@ -109,6 +109,20 @@ def privleak(model_auc: float, gold_auc: float) -> float:
     return (model_auc - gold_auc) / gold_auc * 100.0
 
 
+def above_chance(correct: int, n: int, chance: float) -> float:
+    """One-sided exact binomial p-value of `correct` of `n` right answers or more at `chance`."""
+    if n <= 0:
+        raise ValueError("a binomial test needs at least one item")
+    return float(stats.binomtest(correct, n, chance, alternative="greater").pvalue)
+
+
+def members_higher(members: Sequence[float], non_members: Sequence[float]) -> float:
+    """One-sided Mann-Whitney U p-value that members score higher than non-members (the AUC's test)."""
+    if not members or not non_members:
+        raise ValueError("the test needs scores of both classes")
+    return float(stats.mannwhitneyu(list(members), list(non_members), alternative="greater").pvalue)
+
+
 def mcq_choice(option_logprobs: Sequence[float]) -> int:
     """The option a model picks: the highest answer log-likelihood (the first on a tie)."""
     if not option_logprobs:

@@ -20,10 +20,10 @@ from pathlib import Path
 from kbench import io, tracking
 from kbench.agent import run_cell, setup_cell
 from kbench.cli.app import add_command
-from kbench.config import Params
+from kbench.config import ModelConfig, Params
 from kbench.corpus import load_corpus
 from kbench.design import design_digest, load_design
-from kbench.methods import method_class, method_config
+from kbench.methods import Fitted, method_class, method_config
 from kbench.methods.fitting import fitted_dir, load_fitted
 from kbench.names import (
     ADAPTER_FREE,
@@ -215,25 +215,14 @@ def run_cell_stage(
     progress: bool = True,
 ) -> Path:
     """Run (or resume) one cell and record it; returns the cell's output folder."""
-    model = agent_model_config(params)
-    if adapter_path is None and spec.recipe != ADAPTER_FREE:
-        adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
+    deployed = deployment(params, spec, adapter_path)
+    model, adapter_path, unlearned, fitted = deployed.model, deployed.adapter_path, deployed.unlearned, deployed.fitted
     method = method_class(spec.method)
-    unlearned = None
-    if method.trains:
-        unlearned = _unlearned(params, spec, adapter_path, model.path)
-        if unlearned.kind == CONTINUED:  # it replaces LoRA-T+D
-            adapter_path = unlearned.path
-    if adapter_path is not None:
-        check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.method_dir / spec.recipe
     adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
     unlearned_digest = tracking.output_hash(unlearned.path) if unlearned else None
-    fitted, fitted_digest = None, None
-    if method.fits:
-        fitted = load_fitted(params, spec.method, model_fingerprint(model))
-        fitted_digest = tracking.output_hash(fitted_dir(params, spec.method))
+    fitted_digest = deployed.fitted_digest
     corpus_fingerprint = corpus.fingerprint()
     inputs = _inputs_fingerprint(params, spec, corpus_fingerprint, {
         "adapter": adapter_digest,
@@ -272,6 +261,41 @@ def run_cell_stage(
         metrics=flat_metrics(metrics), track=track,
     )
     return out_dir
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a cell deploys besides the substrate: checked before anything runs."""
+
+    #: The agent's model section (the merged agent base when that stage is on).
+    model: ModelConfig
+    #: The adapter loaded on it (P's, an unlearned continuation of it, or LoRA-D); None: adapter-free.
+    adapter_path: Path | None
+    #: A weight method's checked `unlearn` output.
+    unlearned: Unlearned | None
+    #: A fitting method's `fit` output, and its folder's hash.
+    fitted: Fitted | None
+    fitted_digest: str | None
+
+
+def deployment(params: Params, spec: CellSpec, adapter_path: Path | None = None) -> Deployment:
+    """The model, adapter and method artifacts of `spec`'s cell, each checked (`setup_cell` takes them)."""
+    model = agent_model_config(params)
+    if adapter_path is None and spec.recipe != ADAPTER_FREE:
+        adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
+    method = method_class(spec.method)
+    unlearned = None
+    if method.trains:
+        unlearned = _unlearned(params, spec, adapter_path, model.path)
+        if unlearned.kind == CONTINUED:  # it replaces LoRA-T+D
+            adapter_path = unlearned.path
+    if adapter_path is not None:
+        check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
+    fitted, fitted_digest = None, None
+    if method.fits:
+        fitted = load_fitted(params, spec.method, model_fingerprint(model))
+        fitted_digest = tracking.output_hash(fitted_dir(params, spec.method))
+    return Deployment(model, adapter_path, unlearned, fitted, fitted_digest)
 
 
 def _unlearned(params: Params, spec: CellSpec, target: Path | None, base_dir: str) -> Unlearned:

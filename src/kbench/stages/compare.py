@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kbench import io, tracking
 from kbench.cli.app import add_command
@@ -21,6 +23,7 @@ from kbench.comparison.report import (
 )
 from kbench.config import Params
 from kbench.design import Design, load_design
+from kbench.names import PROBES_SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +56,32 @@ def _warn_missing(comparison: Comparison) -> None:
         )
 
 
-def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance) -> None:
-    """index.html, leaderboard.md, metrics.json, comparison.json and plots/ under out_dir."""
+def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance,
+                  probes: dict[str, Any] | None = None) -> None:
+    """index.html, leaderboard.md, metrics.json, comparison.json and plots/ under out_dir;
+    `probes`: the probes stage's summary, set beside the observer's rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     images = write_plots(comparison, out_dir / PLOTS_DIR)
-    io.write_text(out_dir / HTML_FILE, render_html(comparison, images, provenance))
-    io.write_text(out_dir / MARKDOWN_FILE, render_markdown(comparison, provenance))
+    io.write_text(out_dir / HTML_FILE, render_html(comparison, images, provenance, probes))
+    io.write_text(out_dir / MARKDOWN_FILE, render_markdown(comparison, provenance, probes))
     io.write_json(out_dir / METRICS_FILE, metrics_json(comparison), allow_nan=False)
-    io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison, provenance), allow_nan=False)
+    io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison, provenance, probes), allow_nan=False)
+
+
+def probe_summary(params: Params) -> dict[str, Any] | None:
+    """The probes stage's summary.json of this design, or None when it has not run."""
+    path = Path(params.probes.out_dir) / PROBES_SUMMARY_FILE
+    if not path.exists():
+        log.info("no %s: the report has no probe tables (run `kbench probes`)", path)
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CompareError(f"{path} is unreadable ({exc}); rerun `kbench probes`") from None
+
+
+class CompareError(ValueError):
+    """An input of the comparison is unreadable."""
 
 
 def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareResult:
@@ -89,7 +110,7 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
         model=selection.model,
         not_in_design=selection.others,
     )
-    write_reports(comparison, out_dir, provenance)
+    write_reports(comparison, out_dir, provenance, probe_summary(params))
     counts = metrics_json(comparison)
     summary = {
         "cell_runs": len(cells),

@@ -1,0 +1,125 @@
+"""Run the probes' items through one deployed model: teacher-forced log-probabilities and
+greedy continuations, through the KV engine (`Engine.score`, `Engine.generate`), with the
+method's input and forward hooks on, as the agent would have them (no output hook: a probe
+reads no thought to filter). The raw rows go to `kbench.probes.summary` (pure scores)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from kbench.backends.hf import HFBackend, encode_prompt
+from kbench.config import ProbesConfig
+from kbench.methods import Method
+from kbench.observer.matcher import match
+from kbench.probes.items import HELDOUT, ProbeItems, ProbeQuestion
+from kbench.records import FORGET, Query
+
+#: Digits kept of a raw log-probability. A forward pass's low bits follow the thread count and
+#: the CPU's kernels (about 1e-5 here); the stage runs every model on one thread, and rounding
+#: keeps the rest out of the bytes on all but rare ties (docs/probes.md).
+DIGITS = 4
+
+
+def _rounded(values: Sequence[float]) -> list[float]:
+    return [round(v, DIGITS) for v in values]
+
+
+class ProbeRunner:
+    """One deployed model (backend + method) under its hooks."""
+
+    def __init__(self, backend: HFBackend, method: Method, config: ProbesConfig) -> None:
+        self.backend, self.method, self.config = backend, method, config
+        hooks = method.hooks
+        self.share = "forward" not in hooks or method.uniform_forward
+
+    def _hooks(self, queries: Sequence[Query]) -> contextlib.AbstractContextManager:
+        if "forward" in self.method.hooks:
+            return self.method.forward_hooks(self.backend, list(queries))
+        return contextlib.nullcontext()
+
+    def _prompt(self, query: Query, chat: list[dict]) -> list[int]:
+        if "input" in self.method.hooks:
+            chat = self.method.rewrite_input(query, chat)
+        return encode_prompt(self.backend.tokenizer, chat)
+
+    def _tokens(self, text: str) -> list[int]:
+        return self.backend.tokenizer.encode(text, add_special_tokens=False)
+
+    def score(self, rows: Sequence[tuple[Query, list[dict], str, str]]) -> list[list[float]]:
+        """Token log-probabilities of each (query, chat, assistant prefix, text) row's text,
+        after the chat and the prefix."""
+        queries = [q for q, _, _, _ in rows]
+        prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix, _ in rows]
+        answers = [self._tokens(f" {text}" if prefix else text) for _, _, prefix, text in rows]
+        engine = self.backend.engine
+        engine.clear_prefixes()
+        with self._hooks(queries):
+            return engine.score(prompts, answers, share_prefixes=self.share, batch_size=self.config.batch_size)
+
+    def generate(self, rows: Sequence[tuple[Query, list[dict], str]]) -> list[str]:
+        """Greedy continuations of each (query, chat, assistant prefix) row."""
+        queries = [q for q, _, _ in rows]
+        prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix in rows]
+        engine = self.backend.engine
+        engine.clear_prefixes()
+        tokenizer = self.backend.tokenizer
+        texts: list[str] = []
+        size = self.config.batch_size
+        with self._hooks(queries):
+            for start in range(0, len(rows), size):
+                states = [self.backend.session() for _ in prompts[start : start + size]]
+                outputs = engine.generate(states, prompts[start : start + size],
+                                          max_new_tokens=self.config.max_new_tokens, share_prefixes=self.share)
+                texts += [tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
+        return texts
+
+
+def _question_rows(items: Sequence[ProbeQuestion]) -> list[tuple[Query, list[dict], str, str]]:
+    return [(q.query, q.prompt, stem, text) for q in items for stem, text in q.candidates()]
+
+
+def _split_scores(items: Sequence[ProbeQuestion], scores: list[list[float]]) -> list[dict[str, Any]]:
+    rows, at = [], 0
+    for q in items:
+        width = 1 + len(q.perturbed)
+        answer, *perturbed = scores[at : at + width]
+        at += width
+        rows.append({
+            "query_id": q.query.query_id, "group": q.group, "field": q.query.field,
+            "answer": _rounded(answer), "perturbed": [_rounded(p) for p in perturbed],
+        })
+    return rows
+
+
+def run_probes(runner: ProbeRunner, items: ProbeItems) -> dict[str, list[dict[str, Any]]]:
+    """Every probe's raw rows on one model: per question (scores, greedy reply, exact match),
+    per bio (its token log-probabilities for Min-K%; a continuation of the queried entities'
+    bios for VerbMem) and per general fact (scores). One scoring pass and one decoding pass."""
+    questions, bios, general = items.questions, items.bios, items.general
+    scored = [b for b in bios if b.group in (FORGET, HELDOUT)]  # Min-K%: members and non-members
+    continued = [b for b in bios if b.group != HELDOUT and b.rest]  # VerbMem
+    scores = runner.score(
+        _question_rows(questions) + _question_rows(general) + [(b.query, b.prompt, "", b.text) for b in scored]
+    )
+    n_q = sum(1 + len(q.perturbed) for q in questions)
+    n_g = sum(1 + len(q.perturbed) for q in general)
+    question_out = _split_scores(questions, scores[:n_q])
+    general_out = _split_scores(general, scores[n_q : n_q + n_g])
+    replies = runner.generate(
+        [(q.query, q.prompt, "") for q in questions] + [(b.query, b.prompt, b.prefix) for b in continued]
+    )
+    for row, q, reply in zip(question_out, questions, replies):
+        row["reply"] = reply
+        row["value"] = q.value
+        row["exact_match"] = match(q.query.field, q.value, reply).leaked
+    bio_out = [
+        {"entity_id": b.query.entity_id, "group": b.group, "logprobs": _rounded(logprobs)}
+        for b, logprobs in zip(scored, scores[n_q + n_g :])
+    ]
+    bio_out += [
+        {"entity_id": b.query.entity_id, "group": b.group, "rest": b.rest, "continuation": reply}
+        for b, reply in zip(continued, replies[len(questions) :])
+    ]
+    return {"questions": question_out, "bios": bio_out, "general": general_out}

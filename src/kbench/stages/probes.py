@@ -1,0 +1,262 @@
+"""The `probes` stage (`kbench probes`): the direct-elicitation probes (SPEC §12) on every model
+the design deploys, read alone: no agent, no system-prompt bios, no tools (docs/probes.md).
+
+Models: the agent base (what C, R-text and R-struct deploy), the LoRA-D control, and on P for
+each recipe of the design the no-intervention target, the gold reference and every method
+whose change acts without the agent: weight methods (their unlearned weights), forward-hook
+methods (activation edits, ECO, O3's gate). The P target is probed in both recipes. A method
+that acts only on the agent's output (StaR) has nothing to act on here: it is listed as not
+applicable. Each model gets `probes.out_dir/<model>/` (raw.json, scores.json, inputs.json),
+written atomically, and an MLflow run of kind `probe` with its raw rows; `summary.json` reads
+every model against the gold reference of its recipe. A rerun keeps finished models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kbench import io, tracking
+from kbench.agent import deployed_model
+from kbench.cli.app import add_command
+from kbench.config import Params
+from kbench.corpus import Corpus, load_corpus
+from kbench.design import load_design
+from kbench.methods import method_class, method_config
+from kbench.names import (
+    ADAPTER_FREE,
+    BASELINE_METHOD,
+    CONTEXT,
+    CONTROL,
+    GOLD_METHOD,
+    LORA,
+    MERGED,
+    PARAMETRIC,
+    PROBED_AGENT_BASE,
+    PROBED_CONTROL,
+    PROBES_SUMMARY_FILE,
+    probed_p_key,
+)
+from kbench.parametric import model_fingerprint
+from kbench.probes.items import ProbeItems, probe_items
+from kbench.probes.run import ProbeRunner, run_probes
+from kbench.probes.summary import clean_verdicts, scores
+from kbench.stages.cell import CellSpec, deployment
+from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages.workers import QUEUE_DONE, run_queue
+
+log = logging.getLogger(__name__)
+
+COMMAND = "probes"
+RAW_FILE, SCORES_FILE, INPUTS_FILE = "raw.json", "scores.json", "inputs.json"
+
+
+@dataclass(frozen=True)
+class ProbedModel:
+    """One model the probes read."""
+
+    #: Its folder under `probes.out_dir` and its name in the tables.
+    key: str
+    #: The cell whose deployed model it is (the adapter-free agent base is C's baseline).
+    spec: CellSpec
+    #: Why it is not probed (a method acting on the agent's output only); None: it is.
+    not_applicable: str | None = None
+
+
+def probed_models(params: Params) -> list[ProbedModel]:
+    """Every model of the design, in table order."""
+    seed = params.seeds[0]
+    models = [
+        ProbedModel(PROBED_AGENT_BASE, CellSpec(CONTEXT, BASELINE_METHOD, seed, ADAPTER_FREE)),
+        ProbedModel(PROBED_CONTROL, CellSpec(CONTEXT, BASELINE_METHOD, seed, CONTROL)),
+    ]
+    recipes = list(dict.fromkeys([*params.p_recipes, LORA, MERGED]))
+    for recipe in recipes:
+        methods = [BASELINE_METHOD]
+        if recipe in params.p_recipes:
+            methods += [m for m in params.methods if m != BASELINE_METHOD and PARAMETRIC in method_class(m).substrates]
+        for method in methods:
+            hooks = method_class(method).hooks
+            reason = None
+            if hooks and not hooks & {"weights", "forward", "input"}:
+                reason = f"{method} acts on the agent's output only ({', '.join(sorted(hooks))} hook)"
+            models.append(ProbedModel(probed_p_key(recipe, method), CellSpec(PARAMETRIC, method, seed, recipe), reason))
+    return models
+
+
+def _inputs(params: Params, model: ProbedModel, corpus: Corpus, deployed: Any) -> dict[str, Any]:
+    shaping = {
+        "model": model.key,
+        "corpus": corpus.fingerprint(),
+        "base": model_fingerprint(deployed.model),
+        "probes": params.probes.model_dump(mode="json", exclude={"out_dir", "batch_size"}),
+        "queries": params.queries.model_dump(mode="json"),
+        "seeds": list(params.seeds),
+        "adapter": tracking.output_hash(deployed.adapter_path) if deployed.adapter_path else None,
+        "unlearned": tracking.output_hash(deployed.unlearned.path) if deployed.unlearned else None,
+        "fitted": deployed.fitted_digest,
+        "method_params": method_config(model.spec.method, params).model_dump(mode="json"),
+    }
+    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
+    return {"digest": digest[:20], **shaping}
+
+
+def _finished(folder: Path, digest: str) -> bool:
+    try:
+        return json.loads((folder / INPUTS_FILE).read_text(encoding="utf-8"))["digest"] == digest and (
+            folder / SCORES_FILE).exists()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def probe_model(params: Params, corpus: Corpus, model: ProbedModel, items: ProbeItems, out_root: Path, *,
+                track: bool) -> Path:
+    """Probe one model (or keep its finished folder); returns the folder."""
+    folder = out_root / model.key
+    deployed = deployment(params, model.spec)
+    inputs = _inputs(params, model, corpus, deployed)
+    if _finished(folder, inputs["digest"]):
+        log.info("probes %s: finished earlier (kept)", model.key)
+        return folder
+    started = time.perf_counter()
+    backend, method = deployed_model(
+        params, corpus, deployed.model, substrate=model.spec.substrate, method=model.spec.method,
+        seed=model.spec.seed, adapter_path=str(deployed.adapter_path) if deployed.adapter_path else None,
+        merge_adapter=model.spec.recipe == MERGED, fitted=deployed.fitted, unlearned=deployed.unlearned,
+    )
+    raw = run_probes(ProbeRunner(backend, method, params.probes), items)
+    own = scores(raw, params.probes)
+    with io.atomic_dir(folder) as partial:
+        io.write_json(partial / RAW_FILE, raw)
+        io.write_json(partial / SCORES_FILE, own)
+        io.write_json(partial / INPUTS_FILE, inputs, default=str)
+    log.info("probes %s in %.0f s: %s", model.key, time.perf_counter() - started,
+             {k: round(v, 3) for k, v in own.items() if isinstance(v, float)})
+    tags = {
+        tracking.TAG_BASE_MODEL: params.base_model, tracking.TAG_SUBSTRATE: model.spec.substrate,
+        tracking.TAG_RECIPE: model.spec.recipe, tracking.TAG_METHOD: model.spec.method,
+    }
+    tracking.record_output(
+        params, folder, tracking.KIND_PROBE, f"{params.base_model}/probes/{model.key}", tags=tags,
+        metrics={k: v for k, v in own.items() if isinstance(v, float)}, artifacts=[RAW_FILE, SCORES_FILE], track=track,
+    )
+    return folder
+
+
+def gold_key(recipe: str) -> str:
+    """The gold reference a model is read against: its recipe's (LoRA's off P)."""
+    return probed_p_key(recipe if recipe in (LORA, MERGED) else LORA, GOLD_METHOD)
+
+
+def summarize(params: Params, models: list[ProbedModel], out_root: Path) -> dict[str, Any]:
+    """Each model's scores against its gold reference, and each probe's clean verdict."""
+    raws = {m.key: json.loads((out_root / m.key / RAW_FILE).read_text(encoding="utf-8"))
+            for m in models if m.not_applicable is None}
+    summary: dict[str, Any] = {}
+    for m in models:
+        entry: dict[str, Any] = {"substrate": m.spec.substrate, "recipe": m.spec.recipe, "method": m.spec.method}
+        if m.not_applicable is not None:
+            summary[m.key] = {**entry, "not_applicable": m.not_applicable}
+            continue
+        gold_raw = raws.get(gold_key(m.spec.recipe)) or raws.get(gold_key(LORA))
+        own = scores(raws[m.key], params.probes, gold=gold_raw)
+        gold = scores(gold_raw, params.probes, gold=gold_raw) if gold_raw is not None else None
+        summary[m.key] = {**entry, "scores": own, "clean": clean_verdicts(own, gold, params.probes.clean)}
+    return summary
+
+
+def run_probes_stage(params: Params, corpus: Corpus, *, track: bool = True, only: list[str] | None = None,
+                     child_command: list[str] | None = None) -> dict[str, Any]:
+    """Probe every model of the design (or `only` those keys), keeping finished ones, then
+    write summary.json. With `child_command` (a `kbench probes --queue` command) and
+    `execution.probe_workers` > 1, the models run through that many child processes, a work
+    queue (`kbench.stages.workers.run_queue`); this process logs each to MLflow."""
+    out_root = Path(params.probes.out_dir)
+    out_root.mkdir(parents=True, exist_ok=True)
+    models = probed_models(params)
+    if only:
+        unknown = sorted(set(only) - {m.key for m in models})
+        if unknown:
+            raise ValueError(f"unknown probed model(s) {unknown}; the design probes {[m.key for m in models]}")
+        models = [m for m in models if m.key in only]
+    items = probe_items(corpus, params)
+    log.info("probes: %d models, %d questions, %d bios, %d general facts", len(models), len(items.questions),
+             len(items.bios), len(items.general))
+    for model in models:
+        if model.not_applicable is not None:
+            log.info("probes %s: not applicable (%s)", model.key, model.not_applicable)
+    todo = [m for m in models if m.not_applicable is None]
+    workers = params.execution.probe_workers
+    if child_command is not None and workers > 1 and len(todo) > 1:
+        def logged(key: str, seconds: float) -> None:
+            log.info("probes %s finished in %.0f s", key, seconds)
+            if track:
+                tracking.log_output(params, out_root / key)
+
+        failed = run_queue(child_command, [m.key for m in todo], workers, logged)
+        if failed:
+            raise ProbesError(f"probes failed: {', '.join(failed)} (their messages are above; finished models are "
+                              "kept and a rerun resumes)")
+    else:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as a child of the queue runs: the same bytes whatever probe_workers is
+        try:
+            for i, model in enumerate(todo, start=1):
+                log.info("probes [%d/%d] %s", i, len(todo), model.key)
+                probe_model(params, corpus, model, items, out_root, track=track)
+        finally:
+            torch.set_num_threads(threads)
+    summary = summarize(params, models, out_root)
+    io.write_json(out_root / PROBES_SUMMARY_FILE, summary)
+    return summary
+
+
+class ProbesError(ValueError):
+    """A probed model failed (its own message says why)."""
+
+
+def _child_command(args: argparse.Namespace) -> list[str]:
+    """The `kbench probes --queue` child: it probes the model keys it is handed on its stdin,
+    one after the other in one process (the imports are paid once); untracked: the parent logs."""
+    return [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "probes", "--queue",
+            "--corpus", args.corpus, "--no-track"]
+
+
+def cmd_probes(args: argparse.Namespace) -> int:
+    """Probe every model of the design; print each one's clean verdicts."""
+    params = load_design(args.params)
+    corpus = load_corpus(args.corpus)
+    if args.queue:  # a child: one model key per stdin line, a marker line after each
+        torch.set_num_threads(1)
+        models = {m.key: m for m in probed_models(params)}
+        items = probe_items(corpus, params)
+        for line in sys.stdin:
+            key = line.strip()
+            probe_model(params, corpus, models[key], items, Path(params.probes.out_dir), track=False)
+            print(f"{QUEUE_DONE} {key}", flush=True)
+        return 0
+    summary = run_probes_stage(params, corpus, track=not args.no_track, only=args.model,
+                               child_command=_child_command(args))
+    for key, entry in summary.items():
+        verdicts = entry.get("clean") or {}
+        shown = ", ".join(f"{p} {'clean' if v else 'flags' if v is not None else '-'}" for p, v in verdicts.items())
+        print(f"{key}: {entry.get('not_applicable') or shown}")
+    return 0
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, COMMAND, cmd_probes, "run the direct-elicitation probes on every model of the design",
+                    corpus=CORPUS_DIR)
+    p.add_argument("--model", action="append", default=None,
+                   help="probe only this model key (repeatable; summary.json lists them)")
+    p.add_argument("--queue", action="store_true",
+                   help="read one model key per line on stdin and probe each (the children of the stage)")
