@@ -100,17 +100,17 @@ def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
 
     from kbench.stages import cell as cell_stage
 
-    def fake(args):  # a queue child: one method per stdin line, fails on star
+    def fake(args):  # a queue child: one cell per stdin line, fails on star
         code = (
             "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
             "for line in sys.stdin:\n"
-            "    m = line.strip()\n"
+            "    m = line.split()[2]\n"
             "    if m == 'star':\n"
             "        raise SystemExit(2)\n"
             f"    f = Path({str(kbench_root / 'cells')!r}) / f'P__s0/{{m}}/lora'\n"
             "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
             "    tracking.write_manifest(f, 'cell', f'm/P/lora/{m}/0', {'kbench.method': m}, {})\n"
-            "    print('kbench-queue-done', m, flush=True)\n"
+            "    print('kbench-queue-done', line.strip(), flush=True)\n"
         )
         return [sys.executable, "-c", code]
 
@@ -122,3 +122,36 @@ def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
     runs = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list")
     # star's child died; the other took gold and repe from the queue after none
     assert sorted(r.data.tags["kbench.method"] for r in runs) == ["gold", "none", "repe"]
+
+
+def test_controls_run_every_substrate_and_seed_through_the_queue(kbench_root, monkeypatch):
+    """`kbench cell --controls`: one queue item per (adapter-free substrate, seed), the `none`
+    method with the LoRA-D recipe; each finished control is logged to MLflow by the parent."""
+    import argparse
+    import sys
+
+    import mlflow
+
+    from kbench.stages import cell as cell_stage
+
+    def fake(args):  # a queue child writing each control's folder as the real one lays it out
+        code = (
+            "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
+            "for line in sys.stdin:\n"
+            "    s, seed, m = line.split()\n"
+            f"    f = Path({str(kbench_root / 'controls')!r}) / f'{{s}}__s{{seed}}/{{m}}/lora-d'\n"
+            "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
+            "    tracking.write_manifest(f, 'cell', f'm/{s}/lora-d/{m}/{seed}', {'kbench.substrate': s, 'kbench.seed': seed}, {})\n"
+            "    print('kbench-queue-done', line.strip(), flush=True)\n"
+        )
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(cell_stage, "_cell_command", fake)
+    params = Params(substrates=["C", "R-text"], seeds=[0, 1])
+    args = argparse.Namespace(recipe="lora-d", out_root=str(kbench_root / "controls"), no_track=False)
+    cell_stage.run_controls(params, args)
+    runs = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list")
+    assert sorted((r.data.tags["kbench.substrate"], r.data.tags["kbench.seed"]) for r in runs) == [
+        ("C", "0"), ("C", "1"), ("R-text", "0"), ("R-text", "1")]
+    assert {p.relative_to(kbench_root / "controls").as_posix() for p in (kbench_root / "controls").glob("*/none/lora-d")} == {
+        "C__s0/none/lora-d", "C__s1/none/lora-d", "R-text__s0/none/lora-d", "R-text__s1/none/lora-d"}

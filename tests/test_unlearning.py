@@ -417,3 +417,61 @@ def test_the_probes_stage_reads_every_model_of_the_design(unlearned, p_corpus, k
     assert (tmp / "probes" / "summary.json").read_bytes() == before
     with pytest.raises(ValueError, match="unknown probed model"):
         probes_stage.run_probes_stage(design, p_corpus, track=False, only=["nope"])
+
+
+def test_the_probes_work_queue_writes_the_same_bytes_as_one_process(unlearned, p_corpus, kbench_root):
+    """`kbench probes` through two queue children (one thread each) against the in-process
+    stage: every model's raw rows byte for byte, and the stage's MLflow runs logged."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from kbench.stages import probes as probes_stage
+
+    params, tmp, _ = unlearned
+    keys = ["agent-base", "P__lora__none", "P__lora__o3-75", "P__merged__ga"]
+    one = params.model_copy(update={"probes": params.probes.model_copy(update={"out_dir": str(tmp / "probes-one"), "n_general": 2})})
+    probes_stage.run_probes_stage(one, p_corpus, track=False, only=keys)
+    corpus_dir = tmp / "corpus"
+    if not corpus_dir.exists():
+        write_corpus(p_corpus, corpus_dir)
+    data = one.model_dump(mode="json")
+    data["probes"]["out_dir"] = str(tmp / "probes-queue")
+    data["execution"]["probe_workers"] = 2
+    params_file = tmp / "params-queue.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    command = [sys.executable, "-m", "kbench.cli.main", "--params", str(params_file), "probes", "--corpus", str(corpus_dir)]
+    for key in keys:
+        command += ["--model", key]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("finished in") == len(keys)
+    for key in keys:
+        assert (tmp / "probes-queue" / key / "raw.json").read_bytes() == (tmp / "probes-one" / key / "raw.json").read_bytes()
+    assert (kbench_root / "mlflow.db").exists()
+
+
+def test_a_gated_hook_sees_the_rows_of_each_probe_batch(unlearned, p_corpus):
+    """O3-75's per-query gate under the probes' batching: the same replies and scores whether
+    the rows run in batches of 2 or all at once."""
+    from kbench.agent import deployed_model
+    from kbench.probes import ProbeRunner, probe_items
+    from kbench.probes.run import _question_rows
+    from kbench.stages.cell import deployment
+
+    params, _, _ = unlearned
+    spec = CellSpec("P", "o3-75", 0, "lora")
+    deployed = deployment(params, spec)
+    backend, method = deployed_model(params, p_corpus, deployed.model, substrate="P", method="o3-75", seed=0,
+                                     adapter_path=str(deployed.adapter_path), unlearned=deployed.unlearned)
+    items = probe_items(p_corpus, params)
+    rows = [(q.query, q.prompt, "") for q in items.questions]
+    scored = _question_rows(items.questions)
+    runs = {}
+    for size in (2, 64):
+        runner = ProbeRunner(backend, method, params.probes.model_copy(update={"batch_size": size}))
+        runs[size] = runner.generate(rows), runner.score(scored)
+    assert runs[2][0] == runs[64][0]
+    assert all(abs(a - b) < 1e-4 for x, y in zip(runs[2][1], runs[64][1]) for a, b in zip(x, y))
+    assert any(method.gate(q.query) for q in items.questions) and not all(method.gate(q.query) for q in items.questions)

@@ -59,20 +59,20 @@ class ProbeRunner:
             return engine.score(prompts, answers, share_prefixes=self.share, batch_size=self.config.batch_size)
 
     def generate(self, rows: Sequence[tuple[Query, list[dict], str]]) -> list[str]:
-        """Greedy continuations of each (query, chat, assistant prefix) row."""
-        queries = [q for q, _, _ in rows]
+        """Greedy continuations of each (query, chat, assistant prefix) row, `batch_size` rows
+        at a time (a forward hook sees the rows of its own call)."""
         prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix in rows]
         engine = self.backend.engine
-        engine.clear_prefixes()
         tokenizer = self.backend.tokenizer
         texts: list[str] = []
         size = self.config.batch_size
-        with self._hooks(queries):
-            for start in range(0, len(rows), size):
-                states = [self.backend.session() for _ in prompts[start : start + size]]
-                outputs = engine.generate(states, prompts[start : start + size],
+        for start in range(0, len(rows), size):
+            chunk = range(start, min(start + size, len(rows)))
+            engine.clear_prefixes()
+            with self._hooks([rows[i][0] for i in chunk]):
+                outputs = engine.generate([self.backend.session() for _ in chunk], [prompts[i] for i in chunk],
                                           max_new_tokens=self.config.max_new_tokens, share_prefixes=self.share)
-                texts += [tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
+            texts += [tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
         return texts
 
 

@@ -310,17 +310,40 @@ def _unlearned(params: Params, spec: CellSpec, target: Path | None, base_dir: st
 
 
 def _cell_command(args: argparse.Namespace) -> list[str]:
-    """The `kbench cell --queue` child of an --all-methods run: it runs the methods it is handed
-    on its stdin one after the other in one process (the imports are paid once); untracked:
-    the parent logs each cell."""
-    command = [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "cell", "--substrate",
-               args.substrate, "--queue", "--seed", str(args.seed), "--corpus", args.corpus, "--index", args.index,
-               "--out-root", args.out_root, "--no-track", "--no-progress"]
+    """The `kbench cell --queue` child of an --all-methods or --controls run: it runs the cells
+    it is handed on its stdin ("<substrate> <seed> <method>" per line) one after the other in
+    one process (the imports are paid once); untracked: the parent logs each cell."""
+    command = [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "cell", "--queue",
+               "--corpus", args.corpus, "--index", args.index, "--out-root", args.out_root, "--no-track",
+               "--no-progress"]
     if args.recipe:
         command += ["--recipe", args.recipe]
     if args.adapter:
         command += ["--adapter", args.adapter]
     return command
+
+
+def queue_item(substrate: str, seed: int, method: str) -> str:
+    """One line of a `kbench cell --queue` child's stdin."""
+    return f"{substrate} {seed} {method}"
+
+
+def _queued(params: Params, args: argparse.Namespace, items: list[str]) -> list[str]:
+    """Run queue items through `execution.cell_workers` children; log each finished cell's runs."""
+    out_root = Path(args.out_root)
+    recipe_of = {}
+    for item in items:
+        substrate, seed, method = item.split()
+        recipe_of[item] = out_root / CellSpec(substrate, method, int(seed), cell_recipes(params, substrate, args.recipe)[0]).method_dir
+
+    def logged(item: str, seconds: float) -> None:
+        log.info("cell %s finished in %.0f s", item.replace(" ", "/"), seconds)
+        if not args.no_track:
+            for recipe_dir in sorted(recipe_of[item].iterdir()):
+                if (recipe_dir / tracking.RUN_MANIFEST).exists():
+                    tracking.log_output(params, recipe_dir)
+
+    return run_queue(_cell_command(args), items, params.execution.cell_workers, logged)
 
 
 def run_all_methods(params: Params, args: argparse.Namespace) -> None:
@@ -331,28 +354,31 @@ def run_all_methods(params: Params, args: argparse.Namespace) -> None:
     MLflow by this process alone."""
     out_root = Path(args.out_root)
     recipe = cell_recipes(params, args.substrate, args.recipe)[0]
-    method_dirs = {m: out_root / CellSpec(args.substrate, m, args.seed, recipe).method_dir for m in params.methods}
     todo = []
     for method in params.methods:
         reason = unreachable_reason(args.substrate, method)
         if reason is None:
             todo.append(method)
         else:
-            write_skipped(out_root, CellSpec(args.substrate, method, args.seed, recipe), reason)
-            log.info("%s: %s (skip marker written)", method_dirs[method], reason)
+            spec = CellSpec(args.substrate, method, args.seed, recipe)
+            write_skipped(out_root, spec, reason)
+            log.info("%s: %s (skip marker written)", out_root / spec.method_dir, reason)
     log.info("cells of %s seed %d: %s", args.substrate, args.seed, ", ".join(todo))
-
-    def logged(method: str, seconds: float) -> None:
-        log.info("cell %s/%s seed %d finished in %.0f s", args.substrate, method, args.seed, seconds)
-        if not args.no_track:
-            for recipe_dir in sorted(method_dirs[method].iterdir()):
-                if (recipe_dir / tracking.RUN_MANIFEST).exists():
-                    tracking.log_output(params, recipe_dir)
-
-    failed = run_queue(_cell_command(args), todo, params.execution.cell_workers, logged)
+    failed = [f.split(" ", 2)[2] for f in _queued(params, args, [queue_item(args.substrate, args.seed, m) for m in todo])]
     if failed:
         raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
                         "messages are above; finished cells are kept and a rerun resumes)")
+
+
+def run_controls(params: Params, args: argparse.Namespace) -> None:
+    """The LoRA-D control (the `none` method with the distractor adapter) on every adapter-free
+    substrate and seed of the design, through the same work queue as --all-methods."""
+    items = [queue_item(substrate, seed, BASELINE_METHOD) for substrate in params.substrates for seed in params.seeds]
+    log.info("LoRA-D controls: %s", ", ".join(i.rsplit(" ", 1)[0].replace(" ", "/") for i in items))
+    failed = _queued(params, args, items)
+    if failed:
+        raise CellError(f"LoRA-D controls failed: {', '.join(failed)} (their messages are above; finished cells "
+                        "are kept and a rerun resumes)")
 
 
 class CellError(ValueError):
@@ -361,18 +387,26 @@ class CellError(ValueError):
 
 def cmd_cell(args: argparse.Namespace) -> int:
     """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record; with
-    --all-methods, every method of the design on the substrate."""
+    --all-methods, every method of the design on the substrate; with --controls, the LoRA-D
+    control on every adapter-free substrate and seed."""
     params = load_design(args.params)
+    if args.controls:
+        args.recipe = CONTROL
+        run_controls(params, args)
+        return 0
+    if args.queue:  # a child of --all-methods or --controls: one cell per stdin line, a marker after each
+        for line in sys.stdin:
+            substrate, seed, method = line.split()
+            run_methods(params, argparse.Namespace(**{**vars(args), "substrate": substrate, "seed": int(seed)}),
+                        Path(args.out_root), [method])
+            print(f"{QUEUE_DONE} {line.strip()}", flush=True)
+        return 0
+    if args.substrate is None or args.seed is None:
+        raise ValueError("kbench cell needs --substrate and --seed (or --controls)")
     if args.all_methods:
         run_all_methods(params, args)
         return 0
-    out_root = Path(args.out_root)
-    if args.queue:  # a child of --all-methods: one method per stdin line, a marker line after each
-        for line in sys.stdin:
-            run_methods(params, args, out_root, [line.strip()])
-            print(f"{QUEUE_DONE} {line.strip()}", flush=True)
-        return 0
-    run_methods(params, args, out_root, args.method or [BASELINE_METHOD])
+    run_methods(params, args, Path(args.out_root), args.method or [BASELINE_METHOD])
     return 0
 
 
@@ -400,10 +434,10 @@ def run_methods(params: Params, args: argparse.Namespace, out_root: Path, method
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, COMMAND, cmd_cell, "run one cell (substrate x recipe x method x seed) and score it",
                     corpus=CORPUS_DIR)
-    p.add_argument("--substrate", required=True, help="a registered substrate (P, C, R-text, R-struct)")
+    p.add_argument("--substrate", default=None, help="a registered substrate (P, C, R-text, R-struct)")
     p.add_argument("--method", action="append", default=None,
                    help=f"unlearning method (default: {BASELINE_METHOD}); repeat it to run several, one after the other")
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=int, default=None)
     p.add_argument(
         "--recipe", default=None, choices=RECIPES,
         help=f"off {PARAMETRIC}: {ADAPTER_FREE} (default) or {CONTROL} (the control); {PARAMETRIC}: "
@@ -420,7 +454,11 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--queue", action="store_true",
-                   help="read one method per line on stdin and run each (the children of --all-methods)")
+                   help="read one cell per line on stdin (\"<substrate> <seed> <method>\") and run each (the "
+                   "children of --all-methods and --controls)")
+    p.add_argument("--controls", action="store_true",
+                   help="the LoRA-D control on every adapter-free substrate and seed, execution.cell_workers side by "
+                   "side (the DVC stage `controls` uses this)")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
     p.add_argument("--index", default=str(INDEX_DIR))
     p.add_argument("--out-root", default=str(CELLS_DIR))

@@ -50,7 +50,7 @@ from kbench.parametric import model_fingerprint
 from kbench.probes.items import ProbeItems, probe_items
 from kbench.probes.run import ProbeRunner, run_probes
 from kbench.probes.summary import clean_verdicts, scores
-from kbench.stages.cell import CellSpec, deployment
+from kbench.stages.cell import CellSpec, Deployment, deployment
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.workers import QUEUE_DONE, run_queue
 
@@ -93,12 +93,13 @@ def probed_models(params: Params) -> list[ProbedModel]:
     return models
 
 
-def _inputs(params: Params, model: ProbedModel, corpus: Corpus, deployed: Any) -> dict[str, Any]:
+def _inputs(params: Params, model: ProbedModel, corpus: Corpus, deployed: Deployment) -> dict[str, Any]:
+    """Everything that shapes a model's raw rows (the clean thresholds only read them)."""
     shaping = {
         "model": model.key,
         "corpus": corpus.fingerprint(),
         "base": model_fingerprint(deployed.model),
-        "probes": params.probes.model_dump(mode="json", exclude={"out_dir", "batch_size"}),
+        "probes": params.probes.model_dump(mode="json", exclude={"out_dir", "clean"}),
         "queries": params.queries.model_dump(mode="json"),
         "seeds": list(params.seeds),
         "adapter": tracking.output_hash(deployed.adapter_path) if deployed.adapter_path else None,
