@@ -89,31 +89,41 @@ def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
     ) is None
 
 
+def _fake_queue_child(root, *, recipe: str, fails_on: str | None = None):
+    """A stand-in for `kbench cell --queue`: per stdin line "<substrate> <seed> <method>" it
+    writes the cell's folder with a manifest as the real child lays it out (and exits 2 on
+    `fails_on`), then prints the queue marker."""
+    import sys
+
+    def command(args):
+        code = (
+            "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
+            "for line in sys.stdin:\n"
+            "    s, seed, m = line.split()\n"
+            f"    if m == {fails_on!r}:\n"
+            "        raise SystemExit(2)\n"
+            f"    f = Path({str(root)!r}) / f'{{s}}__s{{seed}}/{{m}}/{recipe}'\n"
+            "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
+            f"    tags = {{'kbench.substrate': s, 'kbench.seed': seed, 'kbench.method': m}}\n"
+            f"    tracking.write_manifest(f, 'cell', f'm/{{s}}/{recipe}/{{m}}/{{seed}}', tags, {{}})\n"
+            "    print('kbench-queue-done', line.strip(), flush=True)\n"
+        )
+        return [sys.executable, "-c", code]
+
+    return command
+
+
 def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
     """The --all-methods parent on P: children take methods from a work queue (fake cells writing
     a manifest under <method>/<recipe>), each finished cell is logged to MLflow by the parent, the
     queue goes on past a child that failed, and the cell that failed is named."""
     import argparse
-    import sys
 
     import mlflow
 
     from kbench.stages import cell as cell_stage
 
-    def fake(args):  # a queue child: one cell per stdin line, fails on star
-        code = (
-            "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
-            "for line in sys.stdin:\n"
-            "    m = line.split()[2]\n"
-            "    if m == 'star':\n"
-            "        raise SystemExit(2)\n"
-            f"    f = Path({str(kbench_root / 'cells')!r}) / f'P__s0/{{m}}/lora'\n"
-            "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
-            "    tracking.write_manifest(f, 'cell', f'm/P/lora/{m}/0', {'kbench.method': m}, {})\n"
-            "    print('kbench-queue-done', line.strip(), flush=True)\n"
-        )
-        return [sys.executable, "-c", code]
-
+    fake = _fake_queue_child(kbench_root / "cells", recipe="lora", fails_on="star")
     monkeypatch.setattr(cell_stage, "_cell_command", fake)
     params = Params(methods=["none", "star", "gold", "repe"], p_recipes=["lora"])
     args = argparse.Namespace(substrate="P", seed=0, recipe=None, out_root=str(kbench_root / "cells"), no_track=False)
@@ -128,24 +138,12 @@ def test_controls_run_every_substrate_and_seed_through_the_queue(kbench_root, mo
     """`kbench cell --controls`: one queue item per (adapter-free substrate, seed), the `none`
     method with the LoRA-D recipe; each finished control is logged to MLflow by the parent."""
     import argparse
-    import sys
 
     import mlflow
 
     from kbench.stages import cell as cell_stage
 
-    def fake(args):  # a queue child writing each control's folder as the real one lays it out
-        code = (
-            "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
-            "for line in sys.stdin:\n"
-            "    s, seed, m = line.split()\n"
-            f"    f = Path({str(kbench_root / 'controls')!r}) / f'{{s}}__s{{seed}}/{{m}}/lora-d'\n"
-            "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
-            "    tracking.write_manifest(f, 'cell', f'm/{s}/lora-d/{m}/{seed}', {'kbench.substrate': s, 'kbench.seed': seed}, {})\n"
-            "    print('kbench-queue-done', line.strip(), flush=True)\n"
-        )
-        return [sys.executable, "-c", code]
-
+    fake = _fake_queue_child(kbench_root / "controls", recipe="lora-d")
     monkeypatch.setattr(cell_stage, "_cell_command", fake)
     params = Params(substrates=["C", "R-text"], seeds=[0, 1])
     args = argparse.Namespace(recipe="lora-d", out_root=str(kbench_root / "controls"), no_track=False)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _agent_fixtures import index_dir, small_corpus  # noqa: F401  (fixtures)
+from _agent_fixtures import index_dir, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 from _traces import leaking, trace, write_jsonl
 
 from kbench.cli.main import main
@@ -236,3 +236,11 @@ def test_agent_base_with_a_bad_model_path_is_one_line(capsys, corpus_dir, tmp_pa
     params = _params(tmp_path, model={"path": str(absent)})
     one_line_error(capsys, "--params", str(params), "agent-base", "--corpus", str(corpus_dir), "--no-track",
                    names=f"model folder {absent} does not exist")
+
+
+def test_probes_of_an_unknown_model_is_one_line_listing_the_designs(capsys, corpus_dir, tmp_path, tiny_model_dir):
+    params = _params(tmp_path, model={"path": str(tiny_model_dir)}, agent_base={"enabled": False},
+                     methods=["none", "gold"], probes={"out_dir": str(tmp_path / "probes")})
+    err = one_line_error(capsys, "--params", str(params), "probes", "--corpus", str(corpus_dir), "--no-track",
+                         "--model", "P__lora__nope", names="unknown probed model(s) ['P__lora__nope']")
+    assert "P__lora__gold" in err and "agent-base" in err
