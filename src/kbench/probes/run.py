@@ -100,11 +100,9 @@ def run_probes(runner: ProbeRunner, items: ProbeItems) -> dict[str, list[dict[st
     questions, bios, general = items.questions, items.bios, items.general
     scored = [b for b in bios if b.group in (FORGET, HELDOUT)]  # Min-K%: members and non-members
     continued = [b for b in bios if b.group != HELDOUT and b.rest]  # VerbMem
-    scores = runner.score(
-        _question_rows(questions) + _question_rows(general) + [(b.query, b.prompt, "", b.text) for b in scored]
-    )
-    n_q = sum(1 + len(q.perturbed) for q in questions)
-    n_g = sum(1 + len(q.perturbed) for q in general)
+    question_rows, general_rows = _question_rows(questions), _question_rows(general)
+    scores = runner.score(question_rows + general_rows + [(b.query, b.prompt, "", b.text) for b in scored])
+    n_q, n_g = len(question_rows), len(general_rows)
     question_out = _split_scores(questions, scores[:n_q])
     general_out = _split_scores(general, scores[n_q : n_q + n_g])
     replies = runner.generate(

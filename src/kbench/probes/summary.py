@@ -90,8 +90,7 @@ def scores(raw: dict[str, list[dict]], config: ProbesConfig, *, gold: dict[str, 
     retain_tr = _mean([max(0.0, 1.0 - _ratio(r)) for r in questions[RETAIN]])
     parts = [out[f"probability.{RETAIN}"], retain_tr, out["general_ability"]]
     out["utility"] = harmonic_mean(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
-    members = [min_k_percent(b["logprobs"], config.min_k) for b in raw["bios"] if b["group"] == FORGET and "logprobs" in b]
-    others = [min_k_percent(b["logprobs"], config.min_k) for b in raw["bios"] if b["group"] == HELDOUT]
+    members, others = _min_k_scores(raw, config.min_k)
     out["auc"] = auc(members, others) if members and others else None
     out["auc_pvalue"] = members_higher(members, others) if members and others else None
     out["forget_quality"] = None
@@ -100,10 +99,19 @@ def scores(raw: dict[str, list[dict]], config: ProbesConfig, *, gold: dict[str, 
         ours, theirs = forget_ratios(raw), forget_ratios(gold)
         if ours and theirs:
             out["forget_quality"] = forget_quality(ours, theirs)
-        gold_auc = scores(gold, config)["auc"]
+        gold_members, gold_others = _min_k_scores(gold, config.min_k)
+        gold_auc = auc(gold_members, gold_others) if gold_members and gold_others else None
         if out["auc"] is not None and gold_auc:
             out["privleak"] = privleak(out["auc"], gold_auc)
     return out
+
+
+def _min_k_scores(raw: dict[str, list[dict]], k: float) -> tuple[list[float], list[float]]:
+    """Min-K% of the forget bios (members) and of the held-out bios (non-members)."""
+    def of(group: str) -> list[float]:
+        return [min_k_percent(b["logprobs"], k) for b in raw["bios"] if b["group"] == group and "logprobs" in b]
+
+    return of(FORGET), of(HELDOUT)
 
 
 def clean_verdicts(model: dict[str, Any], gold: dict[str, Any] | None, thresholds: ProbeThresholds) -> dict[str, bool | None]:

@@ -41,7 +41,7 @@ from kbench.parametric.unlearning import check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
-from kbench.stages.workers import QUEUE_DONE, run_queue
+from kbench.stages.workers import run_queue, serve_queue
 from kbench.substrates import substrate_class
 
 log = logging.getLogger(__name__)
@@ -394,12 +394,13 @@ def cmd_cell(args: argparse.Namespace) -> int:
         args.recipe = CONTROL
         run_controls(params, args)
         return 0
-    if args.queue:  # a child of --all-methods or --controls: one cell per stdin line, a marker after each
-        for line in sys.stdin:
-            substrate, seed, method = line.split()
+    if args.queue:  # a child of --all-methods or --controls: one cell per stdin line
+        def run_item(item: str) -> None:
+            substrate, seed, method = item.split()
             run_methods(params, argparse.Namespace(**{**vars(args), "substrate": substrate, "seed": int(seed)}),
                         Path(args.out_root), [method])
-            print(f"{QUEUE_DONE} {line.strip()}", flush=True)
+
+        serve_queue(run_item)
         return 0
     if args.substrate is None or args.seed is None:
         raise ValueError("kbench cell needs --substrate and --seed (or --controls)")

@@ -52,7 +52,7 @@ from kbench.probes.run import ProbeRunner, run_probes
 from kbench.probes.summary import clean_verdicts, scores
 from kbench.stages.cell import CellSpec, Deployment, deployment
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.stages.workers import QUEUE_DONE, run_queue
+from kbench.stages.workers import run_queue, serve_queue
 
 log = logging.getLogger(__name__)
 
@@ -162,16 +162,18 @@ def summarize(params: Params, models: list[ProbedModel], out_root: Path) -> dict
     """Each model's scores against its gold reference, and each probe's clean verdict."""
     raws = {m.key: json.loads((out_root / m.key / RAW_FILE).read_text(encoding="utf-8"))
             for m in models if m.not_applicable is None}
+    references = {key: scores(raws[key], params.probes, gold=raws[key])
+                  for key in (gold_key(LORA), gold_key(MERGED)) if key in raws}
     summary: dict[str, Any] = {}
     for m in models:
         entry: dict[str, Any] = {"substrate": m.spec.substrate, "recipe": m.spec.recipe, "method": m.spec.method}
         if m.not_applicable is not None:
             summary[m.key] = {**entry, "not_applicable": m.not_applicable}
             continue
-        gold_raw = raws.get(gold_key(m.spec.recipe)) or raws.get(gold_key(LORA))
-        own = scores(raws[m.key], params.probes, gold=gold_raw)
-        gold = scores(gold_raw, params.probes, gold=gold_raw) if gold_raw is not None else None
-        summary[m.key] = {**entry, "scores": own, "clean": clean_verdicts(own, gold, params.probes.clean)}
+        reference = gold_key(m.spec.recipe) if gold_key(m.spec.recipe) in raws else gold_key(LORA)
+        own = scores(raws[m.key], params.probes, gold=raws.get(reference))
+        summary[m.key] = {**entry, "scores": own,
+                          "clean": clean_verdicts(own, references.get(reference), params.probes.clean)}
     return summary
 
 
@@ -236,14 +238,11 @@ def cmd_probes(args: argparse.Namespace) -> int:
     """Probe every model of the design; print each one's clean verdicts."""
     params = load_design(args.params)
     corpus = load_corpus(args.corpus)
-    if args.queue:  # a child: one model key per stdin line, a marker line after each
+    if args.queue:  # a child: one model key per stdin line
         torch.set_num_threads(1)
         models = {m.key: m for m in probed_models(params)}
         items = probe_items(corpus, params)
-        for line in sys.stdin:
-            key = line.strip()
-            probe_model(params, corpus, models[key], items, Path(params.probes.out_dir), track=False)
-            print(f"{QUEUE_DONE} {key}", flush=True)
+        serve_queue(lambda key: probe_model(params, corpus, models[key], items, Path(params.probes.out_dir), track=False))
         return 0
     summary = run_probes_stage(params, corpus, track=not args.no_track, only=args.model,
                                child_command=_child_command(args))

@@ -8,6 +8,7 @@ import logging
 import os
 import selectors
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -61,6 +62,15 @@ def run_side_by_side(jobs: Sequence[tuple[str, list[str]]], workers: int,
 
 #: What a queue child prints on its stdout after each item it finished (`run_queue`).
 QUEUE_DONE = "kbench-queue-done"
+
+
+def serve_queue(handle: Callable[[str], None]) -> None:
+    """The child side of `run_queue`: `handle` each item read from stdin, one per line, and
+    print the marker after each so the parent hands over the next."""
+    for line in sys.stdin:
+        item = line.strip()
+        handle(item)
+        print(f"{QUEUE_DONE} {item}", flush=True)
 
 
 def run_queue(command: list[str], items: Sequence[str], workers: int,
