@@ -46,3 +46,30 @@ def test_atomic_dir_replaces_a_folder_whole_or_not_at_all(tmp_path):
         (partial / "other.bin").write_bytes(b"v3")
     assert sorted(p.name for p in target.iterdir()) == ["other.bin"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_verify_hashes_remembers_unchanged_files_and_never_a_changed_one(tmp_path, monkeypatch):
+    import os
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    weights = folder / "weights.bin"
+    weights.write_bytes(b"a" * 1000)
+    io.write_hashes(folder)
+    hashed = []
+    real = io.file_sha256
+    monkeypatch.setattr(io, "file_sha256", lambda path: hashed.append(path) or real(path))
+
+    io.verify_hashes(folder)
+    io.verify_hashes(folder)
+    assert len(hashed) == 2  # written just now: a racy time stamp, so checked each time
+
+    old = os.stat(weights).st_mtime_ns - 10 * io.RACY_NS
+    os.utime(weights, ns=(old, old))
+    io.verify_hashes(folder)
+    io.verify_hashes(folder)
+    assert len(hashed) == 3  # an old, unchanged file: hashed once, then remembered
+
+    weights.write_bytes(b"b" * 1000)  # same size, same inode, a new modification time
+    with pytest.raises(io.IntegrityError, match="weights.bin: content hash"):
+        io.verify_hashes(folder)

@@ -120,6 +120,23 @@ def test_training_is_seeded_and_lowers_the_loss(learner_dir):  # noqa: F811
     assert not first.model.training
 
 
+def test_bf16_mixed_precision_learns_in_bfloat16_and_keeps_float32_weights(learner_dir):  # noqa: F811
+    settings = _settings(epochs=15, mixed_precision="bf16")
+    dtypes = []
+    model = _model(learner_dir)
+    hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    mixed = train_lora(model, _examples(learner_dir), settings)
+    hook.remove()
+    again = train_lora(_model(learner_dir), _examples(learner_dir), settings)
+    full = train_lora(_model(learner_dir), _examples(learner_dir), _settings(epochs=15))
+    assert set(dtypes) == {torch.bfloat16}  # the products ran in bfloat16
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())  # weights and adapter stay float32
+    assert mixed.step_losses == again.step_losses  # seeded: the same bytes
+    assert mixed.step_losses != full.step_losses  # another precision, another run
+    assert mixed.epoch_losses[-1] < 0.5 * mixed.epoch_losses[0]
+    assert abs(mixed.epoch_losses[-1] - full.epoch_losses[-1]) < 0.5 * full.epoch_losses[0]
+
+
 def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir):
     seen = []
     run = train_lora(

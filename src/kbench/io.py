@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -139,10 +140,17 @@ def verify_hashes(folder: str | Path, what: str = "stage output") -> None:
         raise IntegrityError(f"{folder / HASHES_FILE} is corrupt ({exc}); rerun its stage (dvc repro)") from None
     if not isinstance(recorded, dict):
         raise IntegrityError(f"{folder / HASHES_FILE} is corrupt (a JSON object expected)")
+    for name in recorded:
+        if not (folder / name).is_file():
+            raise IntegrityError(f"{folder / name} is missing from the {what} (listed in {HASHES_FILE}); rerun its stage")
+    checked_at = time.time_ns()
+    identities = tuple(_file_identity(folder / name) for name in sorted(recorded))
+    signature = (json.dumps(recorded, sort_keys=True), identities)
+    key = str(folder.resolve())
+    if _VERIFIED.get(key) == signature:
+        return
     for name, expected in recorded.items():
         path = folder / name
-        if not path.is_file():
-            raise IntegrityError(f"{path} is missing from the {what} (listed in {HASHES_FILE}); rerun its stage")
         actual = file_sha256(path)
         if actual != expected:
             raise IntegrityError(
@@ -150,6 +158,23 @@ def verify_hashes(folder: str | Path, what: str = "stage output") -> None:
                 f"recorded: the file was changed or damaged after it was written; rerun the stage "
                 f"(dvc repro) or restore it (dvc checkout)"
             )
+    # A file modified less than a clock tick before the check could be modified again with the
+    # same time stamp: only files older than RACY_NS are remembered (git's "racily clean" rule).
+    if all(mtime < checked_at - RACY_NS for _, _, mtime in identities):
+        _VERIFIED[key] = signature
+
+
+#: Folders this process has verified, with the identity of their files then: a folder whose
+#: files are the same files, unchanged since (same inode, size and modification time), is not
+#: hashed again (a cell worker loads the same agent base and adapters cell after cell).
+_VERIFIED: dict[str, tuple] = {}
+#: How old a file's modification time must be for the check to be remembered.
+RACY_NS = 2_000_000_000
+
+
+def _file_identity(path: Path) -> tuple[int, int, int]:
+    stat = path.stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 # -- reading JSON Lines ------------------------------------------------------------------------

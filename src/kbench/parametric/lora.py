@@ -18,15 +18,17 @@ the micro-batch and the number of learned tokens, not the vocabulary times the b
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kbench.config import LoraConfig
+from kbench.config import LoraConfig, MixedPrecision
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +246,26 @@ def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tens
     return loss, len(packed.targets)
 
 
+def autocast(model: Any, mixed_precision: MixedPrecision) -> AbstractContextManager:
+    """The precision a training's forward passes run in (`LoraConfig.mixed_precision`): bfloat16
+    autocast on the model's device, or the model's own dtype. Backward follows the forward's
+    dtypes; parameters, gradients and the optimizer stay in the model's dtype."""
+    if mixed_precision == "no":
+        return nullcontext()
+    device = next(model.parameters()).device.type
+    if device == "cpu":
+        _check_native_bf16()
+    return torch.autocast(device, dtype=torch.bfloat16)
+
+
+@functools.cache
+def _check_native_bf16() -> None:
+    """Warn once when this CPU has no bfloat16 instructions: autocast still works, but slower."""
+    if not torch.cpu._is_avx512_bf16_supported():
+        log.warning("mixed_precision bf16 on a CPU without AVX512-BF16: its bfloat16 products are emulated and "
+                    "slower than float32; mixed_precision: no is faster here (and gives other weights)")
+
+
 def train_lora(
     model: Any,
     examples: Sequence[Example],
@@ -299,7 +321,8 @@ def train_lora(
         n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
         total = 0.0
         for micro_batch in micro_batches(rows, settings.micro_batch_size):
-            loss_sum, _ = label_position_loss(peft_model, micro_batch)
+            with autocast(peft_model, settings.mixed_precision):
+                loss_sum, _ = label_position_loss(peft_model, micro_batch)
             if loss_sum.requires_grad:
                 (loss_sum / max(n_learned, 1)).backward()
             total += loss_sum.item()
