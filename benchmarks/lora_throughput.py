@@ -11,8 +11,11 @@ Modes, each run in its own process for `--steps` optimizer steps of the recipe:
   padded      the loss before packing (up to 0ee8764) at that day's micro-batch size
               (injection 4, agent base 1): a batch sorted longest first, each micro-batch one
               right-padded row per example
-  packed      `kbench.parametric.lora` as it is: a micro-batch of examples sorted by token ids
-              runs as one sequence holding each shared prefix once (`pack`)
+  packed      `kbench.parametric.lora`: a micro-batch of examples sorted by token ids runs as
+              one sequence holding each shared prefix once (`pack`), in float32
+              (`mixed_precision: no`)
+  bf16        packed, with the forward passes under bfloat16 autocast (`mixed_precision: bf16`,
+              the recipe since 9bcdbaa)
 
 The report gives seconds per step (median and spread over `--repeats`), the tokens a step
 feeds the model, the peak RSS and the first step losses (the same in both modes up to float
@@ -20,6 +23,8 @@ rounding: the loss is the same sum over the same learned tokens).
 
     PYTHONPATH=src python benchmarks/lora_throughput.py --workload inject --steps 15 --repeats 2 \\
         --json benchmarks/lora_throughput.json
+    PYTHONPATH=src python benchmarks/lora_throughput.py --workload agent_base --modes packed bf16 \\
+        --steps 6 --repeats 3 --json benchmarks/mixed_precision_agent_base.json
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from kbench.parametric.agent_base import agent_base_data, agent_model_config
 from kbench.parametric.injection import training_entities, training_examples
 from kbench.parametric.lora import IGNORE, Example, micro_batches, pack, tokenize_chat
 
-MODES = ("padded", "packed")
+MODES = ("padded", "packed", "bf16")
 WORKLOADS = ("inject", "agent_base")
 #: The micro-batch size of each workload's recipe before packing (params.yaml at 0ee8764).
 PADDED_MICRO_BATCH = {"inject": 4, "agent_base": 1}
@@ -105,7 +110,7 @@ def fed_tokens(examples: Sequence[Example], settings: LoraConfig, steps: int, mo
 def child(args: argparse.Namespace) -> None:
     params = load_params(args.params)
     model, examples, settings = workload(params, args.workload, args.corpus)
-    update = {"steps": args.steps, "epochs": None}
+    update = {"steps": args.steps, "epochs": None, "mixed_precision": "bf16" if args.mode == "bf16" else "no"}
     if args.mode == "padded":
         update["micro_batch_size"] = PADDED_MICRO_BATCH[args.workload]
     if args.micro_batch_size:
@@ -162,9 +167,13 @@ def main() -> None:
         }
         for mode, rs in runs.items()
     }
-    if set(MODES) <= set(summary):
+    if {"padded", "packed"} <= set(summary):
         summary["speed_up"] = summary["padded"]["seconds_per_step_median"] / summary["packed"]["seconds_per_step_median"]
         print(f"packed is {summary['speed_up']:.2f}x padded")
+    if {"packed", "bf16"} <= set(summary):
+        ratios = [p["seconds_per_step"] / b["seconds_per_step"] for p, b in zip(runs["packed"], runs["bf16"])]
+        summary["bf16_speed_up"] = {"median": statistics.median(ratios), "per_repeat": ratios}
+        print(f"bf16 is {statistics.median(ratios):.2f}x packed float32 (per repeat {[round(r, 2) for r in ratios]})")
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": args.workload, "runs": runs, "summary": summary},
                                               indent=2) + "\n")

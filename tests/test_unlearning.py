@@ -475,3 +475,32 @@ def test_a_gated_hook_sees_the_rows_of_each_probe_batch(unlearned, p_corpus):
     assert runs[2][0] == runs[64][0]
     assert all(abs(a - b) < 1e-4 for x, y in zip(runs[2][1], runs[64][1]) for a, b in zip(x, y))
     assert any(method.gate(q.query) for q in items.questions) and not all(method.gate(q.query) for q in items.questions)
+
+
+def test_the_unlearn_work_queue_writes_the_same_bytes_as_one_process(unlearned, p_corpus, kbench_root):
+    """`kbench unlearn` through two queue children (one thread each) against the in-process
+    stage of the fixture: every adapter byte for byte, each run logged by the parent."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    params, tmp, _ = unlearned
+    corpus_dir = tmp / "corpus"
+    if not corpus_dir.exists():
+        write_corpus(p_corpus, corpus_dir)
+    data = params.model_dump(mode="json")
+    data["unlearning"]["out_dir"] = str(tmp / "unlearned-queue")
+    data["execution"]["unlearn_workers"] = 2
+    params_file = tmp / "params-unlearn-queue.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    done = subprocess.run([sys.executable, "-m", "kbench.cli.main", "--params", str(params_file), "unlearn",
+                           "--corpus", str(corpus_dir)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = [f"{m}/{r}" for r in params.p_recipes for m in ("ga", "o3")]
+    assert sorted(line.split("unlearn ")[1].split(" finished")[0] for line in done.stderr.splitlines()
+                  if " finished in " in line) == sorted(runs)
+    for run in runs:
+        weights = Path(run) / "adapter_model.safetensors"
+        assert (tmp / "unlearned-queue" / weights).read_bytes() == (tmp / "unlearned" / weights).read_bytes()
+    assert (kbench_root / "mlflow.db").exists()

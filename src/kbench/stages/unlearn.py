@@ -27,7 +27,7 @@ import torch
 from kbench import io, tracking
 from kbench.backends.hf import load_model
 from kbench.cli.app import add_command
-from kbench.config import DEFAULT_PARAMS, Params
+from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
 from kbench.design import load_design
 from kbench.methods import MethodContext, MethodError, build_method, method_class, method_config
@@ -63,7 +63,7 @@ from kbench.parametric.unlearning import (
 )
 from kbench.records import FORGET
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.stages.workers import run_side_by_side
+from kbench.stages.workers import run_queue, serve_queue
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +217,23 @@ def unlearn_key(params: Params, name: str, recipe: str) -> str:
     return f"{params.base_model}/{name}/{recipe}"
 
 
+def _checked_target(params: Params) -> tuple[Path, Injected, str]:
+    """The agent base folder, the checked LoRA-T+D every run starts from, and its hash."""
+    model_config = agent_model_config(params)
+    if model_config.backend != HF_BACKEND:
+        raise MethodError(f"weight methods ({', '.join(weight_methods(params))}) train model weights; the "
+                          f"{model_config.backend} backend has none (use model.backend: hf)")
+    base_dir = Path(model_config.path)
+    return base_dir, check_injected(target_adapter(params), base_dir, role=TARGET), tracking.output_hash(target_adapter(params))
+
+
 def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
                       runs: list[tuple[str, str]] | None = None, workers: int = 1,
-                      params_path: str = DEFAULT_PARAMS, corpus_dir: str = str(CORPUS_DIR)) -> dict[str, dict]:
+                      child_command: list[str] | None = None) -> dict[str, dict]:
     """Train every weight method of the design on every P recipe, or only `runs` ((method,
-    recipe) pairs), resuming finished ones; `workers` > 1 splits them over child processes."""
+    recipe) pairs), resuming finished ones. With `workers` > 1 and `child_command` (a `kbench
+    unlearn --queue` command) the runs go through that many children from a work queue
+    (`kbench.stages.workers.run_queue`); this process logs each to MLflow."""
     names = weight_methods(params)
     grid = [(name, recipe) for recipe in params.p_recipes for name in names]
     if runs is not None:
@@ -235,15 +247,9 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
     if not grid:
         log.info("unlearn: no weight method in the design")
         return {}
-    model_config = agent_model_config(params)
-    if model_config.backend != HF_BACKEND:
-        raise MethodError(f"weight methods ({', '.join(names)}) train model weights; the {model_config.backend} "
-                          "backend has none (use model.backend: hf)")
     for name in names:
         method_budget(name, params)  # an undeclared budget override fails before any training
-    base_dir = Path(model_config.path)
-    target = check_injected(target_adapter(params), base_dir, role=TARGET)
-    source_hash = tracking.output_hash(target_adapter(params))
+    base_dir, target, source_hash = _checked_target(params)
     corpus_fingerprint = corpus.fingerprint()
     todo = []
     for name, recipe in grid:
@@ -254,28 +260,24 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
             if track:
                 tracking.log_output(params, folder)
         else:
-            todo.append((name, recipe, digest))
-    if workers > 1 and len(todo) > 1:
-        # Each child trains its share in turn, sharing reference passes between its runs.
-        shares = [todo[i::workers] for i in range(min(workers, len(todo)))]
-        jobs = [(",".join(f"{n}/{r}" for n, r, _ in share), _job_command(params_path, corpus_dir, share))
-                for share in shares]
-
-        def logged(job: str, seconds: float) -> None:
-            log.info("unlearn %s finished in %.0f s", job, seconds)
+            todo.append((name, recipe))
+    if workers > 1 and len(todo) > 1 and child_command is not None:
+        def logged(item: str, seconds: float) -> None:
+            log.info("unlearn %s finished in %.0f s", item, seconds)
             if track:
-                for run in job.split(","):
-                    tracking.log_output(params, unlearned_dir(params.unlearning.out_dir, *run.split("/")))
+                tracking.log_output(params, unlearned_dir(params.unlearning.out_dir, *item.split("/")))
 
-        failed = run_side_by_side(jobs, workers, logged)
+        # Each child trains the runs it is handed one after the other, sharing reference passes.
+        failed = run_queue(child_command, [f"{name}/{recipe}" for name, recipe in todo], workers, logged)
         if failed:
             raise UnlearningError(f"unlearning runs failed: {', '.join(failed)} (their messages are above; "
                                   "finished runs are kept and a rerun resumes)")
     else:
         caches: dict[tuple, dict] = {}
-        for name, recipe, digest in todo:
-            train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash, digest=digest,
-                      track=track, caches=caches)
+        for name, recipe in todo:
+            train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash,
+                      digest=_inputs_digest(params, name, recipe, source_hash, corpus_fingerprint), track=track,
+                      caches=caches)
     return {
         f"{name}/{recipe}": json.loads((unlearned_dir(params.unlearning.out_dir, name, recipe) / INJECTION_FILE)
                                        .read_text())["metrics"]
@@ -283,16 +285,34 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
     }
 
 
-def _job_command(params_path: str, corpus_dir: str, share: list[tuple[str, str, str]]) -> list[str]:
-    """The `kbench unlearn` call of one child of a side-by-side stage (untracked: the parent logs it)."""
-    runs = [arg for name, recipe, _ in share for arg in ("--run", f"{name}/{recipe}")]
-    return [sys.executable, "-m", "kbench.cli.main", "--params", params_path, "unlearn", *runs,
-            "--corpus", corpus_dir, "--no-track", "--workers", "1"]
+def serve_unlearn_queue(params: Params, corpus: Corpus) -> None:
+    """The `kbench unlearn --queue` child: train each "method/recipe" read on stdin, in turn in
+    this process (untracked: the parent logs), sharing reference passes between its runs."""
+    base_dir, target, source_hash = _checked_target(params)
+    corpus_fingerprint = corpus.fingerprint()
+    caches: dict[tuple, dict] = {}
+
+    def train(item: str) -> None:
+        name, _, recipe = item.partition("/")
+        train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash,
+                  digest=_inputs_digest(params, name, recipe, source_hash, corpus_fingerprint), track=False,
+                  caches=caches)
+
+    serve_queue(train)
+
+
+def _child_command(args: argparse.Namespace) -> list[str]:
+    """The `kbench unlearn --queue` child of a stage with unlearn_workers > 1."""
+    return [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "unlearn", "--queue",
+            "--corpus", args.corpus, "--no-track"]
 
 
 def cmd_unlearn(args: argparse.Namespace) -> int:
     """Train every weight method of the design on the P target (unlearning.*, method_params.*)."""
     params = load_design(args.params)
+    if args.queue:  # a child of the stage: one "method/recipe" per stdin line
+        serve_unlearn_queue(params, load_corpus(args.corpus))
+        return 0
     runs = None
     if args.run:
         runs = [tuple(run.partition("/")[::2]) for run in args.run]
@@ -302,7 +322,7 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     results = run_unlearn_stage(
         params, load_corpus(args.corpus), track=not args.no_track, runs=runs,
         workers=params.execution.unlearn_workers if args.workers is None else args.workers,
-        params_path=args.params, corpus_dir=args.corpus,
+        child_command=_child_command(args),
     )
     print(json.dumps(results, indent=2, sort_keys=True))
     return 0
@@ -316,4 +336,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", action="append", default=[], metavar="METHOD/RECIPE",
                    help="train this run only (repeatable; the stage hands its children their share this way)")
     p.add_argument("--workers", type=int, default=None,
-                   help="runs side by side (default: execution.unlearn_workers)")
+                   help="runs side by side, from a work queue (default: execution.unlearn_workers)")
+    p.add_argument("--queue", action="store_true",
+                   help="read one METHOD/RECIPE per line on stdin and train each (the children of the stage)")

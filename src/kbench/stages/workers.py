@@ -30,36 +30,6 @@ def _stop(children: Sequence[subprocess.Popen]) -> None:
         child.wait()
 
 
-def run_side_by_side(jobs: Sequence[tuple[str, list[str]]], workers: int,
-                     on_done: Callable[[str, float], None]) -> list[str]:
-    """Run each (name, command) with at most `workers` at once; `on_done(name, seconds)` after
-    each success, in this process. Returns the failures as "name (exit N)"; a failed or
-    interrupted stage never leaves a child running."""
-    todo = list(jobs)
-    workers = max(1, min(workers, len(todo)))
-    env = _child_env(workers)
-    log.info("%d job(s), %d at a time on %s thread(s) each", len(todo), workers, env["OMP_NUM_THREADS"])
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
-    failed = []
-    try:
-        while todo or running:
-            while todo and len(running) < workers:
-                name, command = todo.pop(0)
-                running[name] = (subprocess.Popen(command, env=env), time.perf_counter())
-            time.sleep(0.2)
-            for name, (process, started) in list(running.items()):
-                if process.poll() is None:
-                    continue
-                del running[name]
-                if process.returncode != 0:
-                    failed.append(f"{name} (exit {process.returncode})")
-                    continue
-                on_done(name, time.perf_counter() - started)
-    finally:
-        _stop([process for process, _ in running.values()])
-    return failed
-
-
 #: What a queue child prints on its stdout after each item it finished (`run_queue`).
 QUEUE_DONE = "kbench-queue-done"
 
