@@ -419,13 +419,27 @@ def test_the_probes_stage_reads_every_model_of_the_design(unlearned, p_corpus, k
         probes_stage.run_probes_stage(design, p_corpus, track=False, only=["nope"])
 
 
+def _queued_design(params, p_corpus, tmp: Path, section: str, out_dir: str, workers: str) -> tuple[Path, Path]:
+    """A params file for a stage run through two queue children (`section.out_dir` moved to
+    `out_dir`, `execution.<workers>` 2), and the corpus folder the children read."""
+    import yaml
+
+    corpus_dir = tmp / "corpus"
+    if not corpus_dir.exists():
+        write_corpus(p_corpus, corpus_dir)
+    data = params.model_dump(mode="json")
+    data[section]["out_dir"] = str(tmp / out_dir)
+    data["execution"][workers] = 2
+    params_file = tmp / f"params-{section}-queue.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    return params_file, corpus_dir
+
+
 def test_the_probes_work_queue_writes_the_same_bytes_as_one_process(unlearned, p_corpus, kbench_root):
     """`kbench probes` through two queue children (one thread each) against the in-process
     stage: every model's raw rows byte for byte, and the stage's MLflow runs logged."""
     import subprocess
     import sys
-
-    import yaml
 
     from kbench.stages import probes as probes_stage
 
@@ -433,14 +447,7 @@ def test_the_probes_work_queue_writes_the_same_bytes_as_one_process(unlearned, p
     keys = ["agent-base", "P__lora__none", "P__lora__o3-75", "P__merged__ga"]
     one = params.model_copy(update={"probes": params.probes.model_copy(update={"out_dir": str(tmp / "probes-one"), "n_general": 2})})
     probes_stage.run_probes_stage(one, p_corpus, track=False, only=keys)
-    corpus_dir = tmp / "corpus"
-    if not corpus_dir.exists():
-        write_corpus(p_corpus, corpus_dir)
-    data = one.model_dump(mode="json")
-    data["probes"]["out_dir"] = str(tmp / "probes-queue")
-    data["execution"]["probe_workers"] = 2
-    params_file = tmp / "params-queue.yaml"
-    params_file.write_text(yaml.safe_dump(data))
+    params_file, corpus_dir = _queued_design(one, p_corpus, tmp, "probes", "probes-queue", "probe_workers")
     command = [sys.executable, "-m", "kbench.cli.main", "--params", str(params_file), "probes", "--corpus", str(corpus_dir)]
     for key in keys:
         command += ["--model", key]
@@ -483,17 +490,8 @@ def test_the_unlearn_work_queue_writes_the_same_bytes_as_one_process(unlearned, 
     import subprocess
     import sys
 
-    import yaml
-
     params, tmp, _ = unlearned
-    corpus_dir = tmp / "corpus"
-    if not corpus_dir.exists():
-        write_corpus(p_corpus, corpus_dir)
-    data = params.model_dump(mode="json")
-    data["unlearning"]["out_dir"] = str(tmp / "unlearned-queue")
-    data["execution"]["unlearn_workers"] = 2
-    params_file = tmp / "params-unlearn-queue.yaml"
-    params_file.write_text(yaml.safe_dump(data))
+    params_file, corpus_dir = _queued_design(params, p_corpus, tmp, "unlearning", "unlearned-queue", "unlearn_workers")
     done = subprocess.run([sys.executable, "-m", "kbench.cli.main", "--params", str(params_file), "unlearn",
                            "--corpus", str(corpus_dir)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
