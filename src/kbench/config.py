@@ -173,7 +173,7 @@ class LoraConfig(_Section):
     max_length: int = Field(1024, ge=32)
     #: Seeds the adapter's initialisation and the example order.
     seed: int = 0
-    #: "bf16": the forward pass under bfloat16 autocast (1.5-1.9x faster steps on a CPU with
+    #: "bf16": the forward pass under bfloat16 autocast (1.7-1.8x faster steps on a CPU with
     #: AVX512-BF16, BENCHMARKS.md); "no": the model's dtype.
     mixed_precision: MixedPrecision = "no"
 
