@@ -15,7 +15,7 @@ Modes, each run in its own process for `--steps` optimizer steps of the recipe:
               one sequence holding each shared prefix once (`pack`), in float32
               (`mixed_precision: no`)
   bf16        packed, with the forward passes under bfloat16 autocast (`mixed_precision: bf16`,
-              the recipe since 9bcdbaa)
+              the recipe since 6f5c499)
 
 The report gives seconds per step (median and spread over `--repeats`), the tokens a step
 feeds the model, the peak RSS and the first step losses (the same in both modes up to float

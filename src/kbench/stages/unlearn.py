@@ -260,7 +260,7 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
             if track:
                 tracking.log_output(params, folder)
         else:
-            todo.append((name, recipe))
+            todo.append((name, recipe, digest))
     if workers > 1 and len(todo) > 1 and child_command is not None:
         def logged(item: str, seconds: float) -> None:
             log.info("unlearn %s finished in %.0f s", item, seconds)
@@ -268,16 +268,15 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
                 tracking.log_output(params, unlearned_dir(params.unlearning.out_dir, *item.split("/")))
 
         # Each child trains the runs it is handed one after the other, sharing reference passes.
-        failed = run_queue(child_command, [f"{name}/{recipe}" for name, recipe in todo], workers, logged)
+        failed = run_queue(child_command, [f"{name}/{recipe}" for name, recipe, _ in todo], workers, logged)
         if failed:
             raise UnlearningError(f"unlearning runs failed: {', '.join(failed)} (their messages are above; "
                                   "finished runs are kept and a rerun resumes)")
     else:
         caches: dict[tuple, dict] = {}
-        for name, recipe in todo:
-            train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash,
-                      digest=_inputs_digest(params, name, recipe, source_hash, corpus_fingerprint), track=track,
-                      caches=caches)
+        for name, recipe, digest in todo:
+            train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash, digest=digest,
+                      track=track, caches=caches)
     return {
         f"{name}/{recipe}": json.loads((unlearned_dir(params.unlearning.out_dir, name, recipe) / INJECTION_FILE)
                                        .read_text())["metrics"]
@@ -334,7 +333,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", default=None, help="train this weight method only (default: every one in `methods`)")
     p.add_argument("--recipe", default=None, choices=P_RECIPES, help="this P recipe only (default: every one in p_recipes)")
     p.add_argument("--run", action="append", default=[], metavar="METHOD/RECIPE",
-                   help="train this run only (repeatable; the stage hands its children their share this way)")
+                   help="train this run only (repeatable)")
     p.add_argument("--workers", type=int, default=None,
                    help="runs side by side, from a work queue (default: execution.unlearn_workers)")
     p.add_argument("--queue", action="store_true",
