@@ -1,0 +1,100 @@
+"""Fixed costs side by side: the agent-base and inject stages at two commits, on one machine.
+
+Issue 13's target is a ratio ("the two stages together at most half of today's time"), and
+the same stage on the same code varies by a third between machines and days, so both commits
+run here, alternating within each repeat. Each commit gets its own clone with its own
+default params, a copy of `models/` and an empty `data/`, and runs `dvc repro --force inject`
+(corpus, index, agent_base, inject) with this project's environment and its own `src/` first
+on PYTHONPATH. Stage times come from DVC's "Running stage" lines; peak RSS from the run.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/fixed_costs.py --before 656585d --after HEAD \\
+        --repeats 1 --json benchmarks/fixed_costs.json
+
+The environment must hold every dependency of both commits (here: HEAD's `make setup` covers
+656585d's, whose pyproject only lacks two packages). Runs take about 10-20 minutes a commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("corpus", "index", "agent_base", "inject")
+_RUNNING = re.compile(r"Running stage '([^']+)'")
+_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
+
+
+def checkout(rev: str, where: Path) -> Path:
+    """A clone of this repository at `rev`, with the models and an empty data folder."""
+    path = where / rev
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(path)], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(path), "checkout", "-q", rev], check=True, capture_output=True)
+    shutil.copytree(ROOT / "models", path / "models")
+    (path / "data").mkdir(exist_ok=True)
+    return path
+
+
+def run_stages(path: Path) -> dict[str, Any]:
+    """`dvc repro --force inject` in `path`: seconds per stage from the time each starts."""
+    env = dict(os.environ, PYTHONPATH=str(path / "src"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    started = time.monotonic()
+    process = subprocess.Popen(["/usr/bin/time", "-v", "dvc", "repro", "--force", "inject"], cwd=path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marks: list[tuple[str, float]] = []
+    rss_kb = 0
+    assert process.stdout is not None
+    for line in process.stdout:
+        if match := _RUNNING.search(line):
+            marks.append((match.group(1), time.monotonic() - started))
+            print(f"  {marks[-1][1]:7.1f} s  {match.group(1)}", flush=True)
+        elif match := _RSS.search(line):
+            rss_kb = int(match.group(1))
+    if process.wait() != 0:
+        raise SystemExit(f"dvc repro failed in {path} (rc {process.returncode})")
+    total = time.monotonic() - started
+    ends = [t for _, t in marks[1:]] + [total]
+    seconds = {name: round(end - start, 1) for (name, start), end in zip(marks, ends)}
+    return {"stages": seconds, "fixed_costs_s": round(seconds["agent_base"] + seconds["inject"], 1),
+            "peak_rss_gb": round(rss_kb / 1e6, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", default="656585d", help="the commit of the filing day")
+    parser.add_argument("--after", default="HEAD")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--after-first", action="store_true", help="start each pair of runs with --after")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    revs = {side: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            for side, rev in (("before", args.before), ("after", args.after))}
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="kbench-fixed-") as tmp:
+        paths = {side: checkout(rev, Path(tmp)) for side, rev in revs.items()}
+        for repeat in range(args.repeats):
+            order = ("before", "after") if (repeat + args.after_first) % 2 == 0 else ("after", "before")
+            for side in order:
+                print(f"repeat {repeat + 1}, {side} ({revs[side]})", flush=True)
+                runs[side].append(run_stages(paths[side]))
+                print(f"  agent_base + inject: {runs[side][-1]['fixed_costs_s']} s", flush=True)
+    ratios = [a["fixed_costs_s"] / b["fixed_costs_s"] for a, b in zip(runs["after"], runs["before"])]
+    report = {"revisions": revs, "runs": runs, "after_over_before": [round(r, 3) for r in ratios]}
+    print(json.dumps(report, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
