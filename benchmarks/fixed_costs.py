@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("corpus", "index", "agent_base", "inject")
 _RUNNING = re.compile(r"Running stage '([^']+)'")
 _RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 
