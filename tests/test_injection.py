@@ -101,6 +101,24 @@ def test_inject_stage_writes_checked_adapters_and_the_merged_model(injected, lea
     assert merged.kind == "merged"
 
 
+def test_recall_probes_reply_the_same_at_any_batch_size(injected, p_corpus, monkeypatch):
+    params, out, _ = injected
+    model, tokenizer = hf.load_model(params.model, out / "merged_td")
+    groups = recall.probe_groups(p_corpus, params)
+    decoded = []
+    real = recall.greedy_decode
+    monkeypatch.setattr(recall, "greedy_decode", lambda *a, **k: decoded.append(real(*a, **k)) or decoded[-1])
+    by_size = {}
+    for size in (1, 3, 64):
+        decoded.clear()
+        sized = params.model_copy(update={"injection": params.injection.model_copy(update={"recall_batch_size": size})})
+        by_size[size] = (recall.recall_metrics(model, tokenizer, groups, sized), [list(r) for r in decoded])
+    assert any(reply for replies in by_size[1][1] for reply in replies)
+    assert by_size[1] == by_size[3] == by_size[64]
+    # not part of the recipe: the adapter folders keep their bytes whatever the batch
+    assert "recall_batch_size" not in json.loads((out / "lora_td" / adapters.INJECTION_FILE).read_text())["recipe"]
+
+
 def _logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits

@@ -260,6 +260,9 @@ class InjectionConfig(_Section):
     mix: dict[Literal["bio", "qa", "react_qa"], Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: {"bio": 3, "qa": 0, "react_qa": 1}
     )
+    #: Prompts per batch of the recall probes (`kbench.parametric.recall`): any value gives the
+    #: same replies (the engine is batch-invariant); a larger one decodes in fewer passes.
+    recall_batch_size: int = Field(64, ge=1)
     #: The recipe's LoRA run; `kbench calibrate --write` tunes its epochs, rate and rank.
     lora: InjectionLora = InjectionLora()
     calibration: CalibrationConfig = CalibrationConfig()

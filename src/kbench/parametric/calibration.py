@@ -136,7 +136,6 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
     calibration = params.injection.calibration
     entities = training_entities(inputs.corpus, params)[TARGET]
     probed = probe_entities(inputs)
-    agent = params.agent
     base_model = params.base_model
     tokenizer = load_tokenizer(inputs.base_dir)
 
@@ -148,7 +147,7 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
             mlflow.log_params({f"injection.lora.{k}": v for k, v in values.items()})
 
             def on_epoch(epoch: int, model: Any, loss: float) -> None:
-                recall = direct_recall(model, tokenizer, probed, batch_size=agent.batch_size)
+                recall = direct_recall(model, tokenizer, probed, batch_size=params.injection.recall_batch_size)
                 mlflow.log_metrics({"epoch_loss": loss, "direct_recall": recall}, step=epoch)
                 trial.report(abs(recall - calibration.target_recall), epoch)
                 if trial.should_prune():
@@ -156,7 +155,7 @@ def make_objective(inputs: CalibrationInputs, baseline_degeneration: float):
                     raise optuna.TrialPruned(f"epoch {epoch}: direct recall {recall:.2f}")
 
             run, _ = train_injection(params, inputs.corpus, inputs.base_dir, entities, on_epoch=on_epoch, **values)
-            direct = direct_recall(run.model, tokenizer, probed, batch_size=agent.batch_size)
+            direct = direct_recall(run.model, tokenizer, probed, batch_size=params.injection.recall_batch_size)
             with tempfile.TemporaryDirectory() as scratch:
                 run.model.save_pretrained(scratch)
                 records = run_health(inputs, Path(scratch))

@@ -61,15 +61,15 @@ def recall_metrics(model: Any, tokenizer: Any, groups: dict[str, Sequence[Entity
     Each probe decodes every group's prompts in one call (full batches across groups), then
     scores each group on its own share of the replies.
     """
-    agent = params.agent
+    batch_size = params.injection.recall_batch_size
     named = {name: list(entities) for name, entities in groups.items() if entities}
     everyone = [e for entities in named.values() for e in entities]
     if not everyone:
         return {}
     hits = {
-        "direct_recall": _direct_hits(model, tokenizer, everyone, batch_size=agent.batch_size),
-        "summary_recall": _summary_hits(model, tokenizer, everyone, max_new_tokens=agent.summary_max_new_tokens,
-                                        batch_size=agent.batch_size),
+        "direct_recall": _direct_hits(model, tokenizer, everyone, batch_size=batch_size),
+        "summary_recall": _summary_hits(model, tokenizer, everyone, max_new_tokens=params.agent.summary_max_new_tokens,
+                                        batch_size=batch_size),
     }
     metrics = {}
     start = 0

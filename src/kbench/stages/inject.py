@@ -56,7 +56,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
     roles = training_entities(corpus, params)
     groups = probe_groups(corpus, params)
     fingerprint = base_fingerprint(base_dir)
-    recipe = params.injection.model_dump(exclude={"calibration", "out_dir"})
+    recipe = params.injection.model_dump(exclude={"calibration", "out_dir", "recall_batch_size"})
     results = {}
     for role in (TARGET, DISTRACTOR, GOLD):
         name = ADAPTER_DIRS[role]
