@@ -16,6 +16,10 @@ Modes, each run in its own process for `--steps` optimizer steps of the recipe:
               (`mixed_precision: no`)
   bf16        packed, with the forward passes under bfloat16 autocast (`mixed_precision: bf16`,
               the recipe since 6f5c499)
+  bf16-eager  bf16 with transformers' eager attention (matrix products and a float32 softmax)
+              instead of torch's scaled-dot-product kernel: other rounding, so other weights
+  bf16-cast   bf16 with the frozen base linear weights cast to bfloat16 once, before the
+              adapter is added, not by autocast at every forward pass
 
 The report gives seconds per step (median and spread over `--repeats`), the tokens a step
 feeds the model, the peak RSS and the first step losses (the same in both modes up to float
@@ -52,7 +56,7 @@ from kbench.parametric.agent_base import agent_base_data, agent_model_config
 from kbench.parametric.injection import training_entities, training_examples
 from kbench.parametric.lora import IGNORE, Example, micro_batches, pack, tokenize_chat
 
-MODES = ("padded", "packed", "bf16")
+MODES = ("padded", "packed", "bf16", "bf16-eager", "bf16-cast")
 WORKLOADS = ("inject", "agent_base")
 #: The micro-batch size of each workload's recipe before packing (params.yaml at 0ee8764).
 PADDED_MICRO_BATCH = {"inject": 4, "agent_base": 1}
@@ -110,7 +114,7 @@ def fed_tokens(examples: Sequence[Example], settings: LoraConfig, steps: int, mo
 def child(args: argparse.Namespace) -> None:
     params = load_params(args.params)
     model, examples, settings = workload(params, args.workload, args.corpus)
-    update = {"steps": args.steps, "epochs": None, "mixed_precision": "bf16" if args.mode == "bf16" else "no"}
+    update = {"steps": args.steps, "epochs": None, "mixed_precision": "bf16" if args.mode.startswith("bf16") else "no"}
     if args.mode == "padded":
         update["micro_batch_size"] = PADDED_MICRO_BATCH[args.workload]
     if args.micro_batch_size:
@@ -118,6 +122,14 @@ def child(args: argparse.Namespace) -> None:
     settings = settings.model_copy(update=update)
     if args.mode == "padded":
         lora.micro_batches, lora.label_position_loss = padded_micro_batches, padded_loss
+    if args.mode == "bf16-eager":
+        model.set_attn_implementation("eager")
+    if args.mode == "bf16-cast":
+        # Autocast casts a float32 weight at every forward pass; a frozen one can be cast once.
+        # peft wraps each linear in place, so the plain linears of the model are the frozen bases.
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings():
+                module.weight.data = module.weight.data.to(torch.bfloat16)
     started = time.perf_counter()
     run = lora.train_lora(model, examples, settings)
     seconds = time.perf_counter() - started
@@ -170,6 +182,11 @@ def main() -> None:
     if {"padded", "packed"} <= set(summary):
         summary["speed_up"] = summary["padded"]["seconds_per_step_median"] / summary["packed"]["seconds_per_step_median"]
         print(f"packed is {summary['speed_up']:.2f}x padded")
+    for variant in ("bf16-eager", "bf16-cast"):
+        if {"bf16", variant} <= set(summary):
+            ratios = [b["seconds_per_step"] / v["seconds_per_step"] for b, v in zip(runs["bf16"], runs[variant])]
+            summary[f"{variant}_speed_up"] = {"median": statistics.median(ratios), "per_repeat": ratios}
+            print(f"{variant} is {statistics.median(ratios):.2f}x bf16 (per repeat {[round(r, 2) for r in ratios]})")
     if {"packed", "bf16"} <= set(summary):
         ratios = [p["seconds_per_step"] / b["seconds_per_step"] for p, b in zip(runs["packed"], runs["bf16"])]
         summary["bf16_speed_up"] = {"median": statistics.median(ratios), "per_repeat": ratios}
