@@ -16,8 +16,8 @@ Modes, each run in its own process for `--steps` optimizer steps of the recipe:
               (`mixed_precision: no`)
   bf16        packed, with the forward passes under bfloat16 autocast (`mixed_precision: bf16`,
               the recipe since 6f5c499)
-  bf16-eager  bf16 with transformers' eager attention (matrix products and a float32 softmax)
-              instead of torch's scaled-dot-product kernel: other rounding, so other weights
+  bf16-eager  bf16 with `attention: eager`: transformers' attention (matrix products and a
+              float32 softmax) instead of torch's scaled-dot-product kernel, so other weights
   bf16-cast   bf16 with the frozen base linear weights cast to bfloat16 once, before the
               adapter is added, not by autocast at every forward pass
 
@@ -115,6 +115,8 @@ def child(args: argparse.Namespace) -> None:
     params = load_params(args.params)
     model, examples, settings = workload(params, args.workload, args.corpus)
     update = {"steps": args.steps, "epochs": None, "mixed_precision": "bf16" if args.mode.startswith("bf16") else "no"}
+    if args.mode == "bf16-eager":
+        update["attention"] = "eager"
     if args.mode == "padded":
         update["micro_batch_size"] = PADDED_MICRO_BATCH[args.workload]
     if args.micro_batch_size:
@@ -122,8 +124,6 @@ def child(args: argparse.Namespace) -> None:
     settings = settings.model_copy(update=update)
     if args.mode == "padded":
         lora.micro_batches, lora.label_position_loss = padded_micro_batches, padded_loss
-    if args.mode == "bf16-eager":
-        model.set_attn_implementation("eager")
     if args.mode == "bf16-cast":
         # Autocast casts a float32 weight at every forward pass; a frozen one can be cast once.
         # peft wraps each linear in place, so the plain linears of the model are the frozen bases.

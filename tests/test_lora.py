@@ -137,6 +137,22 @@ def test_bf16_mixed_precision_learns_in_bfloat16_and_keeps_float32_weights(learn
     assert abs(mixed.epoch_losses[-1] - full.epoch_losses[-1]) < 0.5 * full.epoch_losses[0]
 
 
+def test_attention_kernel_is_switched_for_training_only(learner_dir):  # noqa: F811
+    model = _model(learner_dir)
+    own = model.config._attn_implementation
+    assert own == "sdpa"
+    kernels = []
+    model.register_forward_pre_hook(lambda m, args: kernels.append((m.training, m.config._attn_implementation)))
+    eager = train_lora(model, _examples(learner_dir), _settings(attention="eager"),
+                       on_epoch=lambda epoch, m, loss: m(input_ids=torch.tensor([[1, 2, 3]])))
+    default = train_lora(_model(learner_dir), _examples(learner_dir), _settings())
+    assert {kernel for training, kernel in kernels if training} == {"eager"}
+    assert {kernel for training, kernel in kernels if not training} == {own}  # the per-pass callback
+    assert model.config._attn_implementation == own  # back to its own kernel after training
+    assert eager.step_losses != default.step_losses  # another kernel, other rounding
+    assert max(abs(a - b) for a, b in zip(eager.step_losses, default.step_losses)) < 1e-3
+
+
 def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir):
     seen = []
     run = train_lora(

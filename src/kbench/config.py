@@ -145,6 +145,9 @@ LrSchedule = Literal["constant", "linear"]
 #: loss stay float32 (docs/parametric.md, "Mixed precision"): "no", the model's dtype throughout;
 #: "bf16", bfloat16 under `torch.autocast` (the forward pass and its gradients).
 MixedPrecision = Literal["no", "bf16"]
+#: The attention kernel of a training's forward passes (`LoraConfig.attention`): "sdpa", torch's
+#: scaled-dot-product kernel; "eager", transformers' matrix products with a float32 softmax.
+LoraAttention = Literal["sdpa", "eager"]
 
 
 class LoraConfig(_Section):
@@ -176,6 +179,11 @@ class LoraConfig(_Section):
     #: "bf16": the forward pass under bfloat16 autocast (1.7-1.8x faster steps on a CPU with
     #: AVX512-BF16, BENCHMARKS.md); "no": the model's dtype.
     mixed_precision: MixedPrecision = "no"
+    #: The attention kernel while training (null: the model's own, sdpa for the default model).
+    #: Under bf16, eager is 1.23x on the agent base's steps and 0.98x on the injection's; it
+    #: rounds differently, so it trains other weights (BENCHMARKS.md). The trained model goes back
+    #: to its own kernel for everything after (the callback of each pass, the merge, inference).
+    attention: LoraAttention | None = None
 
     @model_validator(mode="after")
     def _one_budget(self) -> "LoraConfig":

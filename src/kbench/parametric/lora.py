@@ -266,6 +266,12 @@ def _check_native_bf16() -> None:
                     "slower than float32; mixed_precision: no is faster here (and gives other weights)")
 
 
+def _use_attention(model: Any, attention: str) -> None:
+    """Switch the model's attention kernel (`LoraConfig.attention`); nothing when it is the one in use."""
+    if model.config._attn_implementation != attention:
+        model.set_attn_implementation(attention)
+
+
 def train_lora(
     model: Any,
     examples: Sequence[Example],
@@ -286,6 +292,8 @@ def train_lora(
     if not any(label != IGNORE for e in examples for label in e.labels[1:]):
         raise LoraError("no example has a token to learn (every label is masked)")
     torch.manual_seed(settings.seed)
+    own_attention = model.config._attn_implementation
+    training_attention = settings.attention or own_attention
     target = settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
     lora = peft.LoraConfig(
         r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
@@ -309,9 +317,12 @@ def train_lora(
         log.info("LoRA epoch %d: mean loss %.4f", epoch, run.epoch_losses[-1])
         if on_epoch is not None:
             peft_model.eval()
+            _use_attention(model, own_attention)
             on_epoch(epoch, peft_model, run.epoch_losses[-1])
+            _use_attention(model, training_attention)
             peft_model.train()
 
+    _use_attention(model, training_attention)
     current_epoch = 1
     for epoch, indices in _batches(len(examples), settings, random.Random(settings.seed)):
         if epoch != current_epoch:
@@ -334,5 +345,6 @@ def train_lora(
         log.info("LoRA step %d (epoch %d): loss %.4f", len(run.step_losses), epoch, run.step_losses[-1])
     if len(run.step_losses) > epoch_start:
         close_epoch(current_epoch)
+    _use_attention(model, own_attention)
     peft_model.eval()
     return run
