@@ -179,10 +179,9 @@ class LoraConfig(_Section):
     #: "bf16": the forward pass under bfloat16 autocast (1.7-1.8x faster steps on a CPU with
     #: AVX512-BF16, BENCHMARKS.md); "no": the model's dtype.
     mixed_precision: MixedPrecision = "no"
-    #: The attention kernel while training (null: the model's own, sdpa for the default model).
-    #: Under bf16, eager is 1.23x on the agent base's steps and 0.98x on the injection's; it
-    #: rounds differently, so it trains other weights (BENCHMARKS.md). The trained model goes back
-    #: to its own kernel for everything after (the callback of each pass, the merge, inference).
+    #: The attention kernel while training; null: the model's own (sdpa for the default). Eager
+    #: rounds differently, so it trains other weights (docs/parametric.md); the callback of each
+    #: pass, the merge and inference run on the model's own kernel.
     attention: LoraAttention | None = None
 
     @model_validator(mode="after")
