@@ -197,7 +197,6 @@ class AgentBaseLora(LoraConfig):
     steps: int | None = Field(40, ge=1)
     seed: int = 7919
     mixed_precision: MixedPrecision = "bf16"
-    attention: LoraAttention | None = "eager"
 
 
 class InjectionLora(LoraConfig):
