@@ -153,6 +153,23 @@ def test_attention_kernel_is_switched_for_training_only(learner_dir):  # noqa: F
     assert max(abs(a - b) for a, b in zip(eager.step_losses, default.step_losses)) < 1e-3
 
 
+def test_attention_kernel_is_restored_when_a_step_raises(learner_dir):  # noqa: F811
+    model = _model(learner_dir)
+    own = model.config._attn_implementation
+    calls = []
+
+    def fail_on_third_training_pass(module, args):
+        calls.append(module.config._attn_implementation)
+        if module.training and len(calls) == 3:
+            raise RuntimeError("step failed")
+
+    model.register_forward_pre_hook(fail_on_third_training_pass)
+    with pytest.raises(RuntimeError, match="step failed"):
+        train_lora(model, _examples(learner_dir), _settings(attention="eager"))
+    assert calls == ["eager"] * 3  # it failed mid-training, under the training kernel
+    assert model.config._attn_implementation == own
+
+
 def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir):
     seen = []
     run = train_lora(

@@ -323,28 +323,31 @@ def train_lora(
             peft_model.train()
 
     _use_attention(model, training_attention)
-    current_epoch = 1
-    for epoch, indices in _batches(len(examples), settings, random.Random(settings.seed)):
-        if epoch != current_epoch:
+    try:
+        current_epoch = 1
+        for epoch, indices in _batches(len(examples), settings, random.Random(settings.seed)):
+            if epoch != current_epoch:
+                close_epoch(current_epoch)
+                current_epoch = epoch
+            rows = [examples[i] for i in indices]
+            n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
+            total = 0.0
+            for micro_batch in micro_batches(rows, settings.micro_batch_size):
+                with autocast(peft_model, settings.mixed_precision):
+                    loss_sum, _ = label_position_loss(peft_model, micro_batch)
+                if loss_sum.requires_grad:
+                    (loss_sum / max(n_learned, 1)).backward()
+                total += loss_sum.item()
+            run.step_learning_rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            run.step_losses.append(total / max(n_learned, 1))
+            log.info("LoRA step %d (epoch %d): loss %.4f", len(run.step_losses), epoch, run.step_losses[-1])
+        if len(run.step_losses) > epoch_start:
             close_epoch(current_epoch)
-            current_epoch = epoch
-        rows = [examples[i] for i in indices]
-        n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
-        total = 0.0
-        for micro_batch in micro_batches(rows, settings.micro_batch_size):
-            with autocast(peft_model, settings.mixed_precision):
-                loss_sum, _ = label_position_loss(peft_model, micro_batch)
-            if loss_sum.requires_grad:
-                (loss_sum / max(n_learned, 1)).backward()
-            total += loss_sum.item()
-        run.step_learning_rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        run.step_losses.append(total / max(n_learned, 1))
-        log.info("LoRA step %d (epoch %d): loss %.4f", len(run.step_losses), epoch, run.step_losses[-1])
-    if len(run.step_losses) > epoch_start:
-        close_epoch(current_epoch)
-    _use_attention(model, own_attention)
+    finally:
+        # The caller's model gets its own kernel back, also when a step or `on_epoch` raises.
+        _use_attention(model, own_attention)
     peft_model.eval()
     return run
