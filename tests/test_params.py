@@ -124,7 +124,7 @@ def test_a_lora_section_means_the_same_in_both_places():
     params = parse_params({"agent_base": {"lora": {"rank": 4}}, "injection": {"lora": {"learning_rate": 0.01}}})
     # An override keeps the section's other defaults: the agent base's budget and the recipe's rank.
     assert (params.agent_base.lora.rank, params.agent_base.lora.steps) == (4, 40)
-    assert (params.injection.lora.rank, params.injection.lora.epochs, params.injection.lora.learning_rate) == (32, 8, 0.01)
+    assert (params.injection.lora.rank, params.injection.lora.epochs, params.injection.lora.learning_rate) == (32, 6, 0.01)
     assert type(params.agent_base.lora).model_fields.keys() == type(params.injection.lora).model_fields.keys()
     with pytest.raises(ParamsError, match="exactly one of epochs and steps"):
         parse_params({"injection": {"lora": {"steps": 10}}})

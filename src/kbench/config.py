@@ -205,7 +205,7 @@ class InjectionLora(LoraConfig):
 
     rank: int = Field(32, ge=1)
     learning_rate: float = Field(3e-3, gt=0)
-    epochs: int | None = Field(8, ge=1)
+    epochs: int | None = Field(6, ge=1)
     batch_size: int = Field(8, ge=1)
     micro_batch_size: int = Field(8, ge=1)
     max_length: int = Field(512, ge=32)
