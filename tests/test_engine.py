@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
-from kbench.backends.engine import MIN_SHARED_PREFIX, Engine, KVState, common_prefix
+from kbench.backends.engine import MIN_SHARED_PREFIX, Engine, GrowingLayer, KVState, common_prefix
 from kbench.backends.hf import encode_prompt, end_of_turn_ids, load_model, reference_decode
 from kbench.config import ModelConfig
 
@@ -205,3 +206,42 @@ def test_score_refuses_an_empty_continuation(tiny64):
     _, tokenizer, engine = tiny64
     with pytest.raises(ValueError, match="empty"):
         engine.score([encode_prompt(tokenizer, chat("Who?"))], [[]])
+
+
+def _decode_logits(model, cache, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[int]]:
+    """Prefill `ids` into `cache`, then decode greedily; every step's logits and the key buffer's address."""
+    logits, addresses = [], []
+    with torch.inference_mode():
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+        for _ in range(steps):
+            token = out.logits[:, -1:].argmax(-1)
+            logits.append(out.logits[:, -1])
+            addresses.append(getattr(cache.layers[0], "key_buffer", cache.layers[0].keys).data_ptr())
+            out = model(input_ids=token, cache=cache, use_cache=True)
+    return torch.stack(logits), addresses
+
+
+def test_growing_layer_gives_the_concatenating_cache_s_logits_bit_for_bit_without_copies(tiny_model_dir):  # noqa: F811
+    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu"))  # float32, as the runs
+    ids = torch.tensor([encode_prompt(tokenizer, chat(q))[:12] for q in QUESTIONS])
+    reference, _ = _decode_logits(model, DynamicCache(), ids, 20)
+    growing = DynamicCache()
+    growing.layer_class_to_replicate = GrowingLayer
+    logits, addresses = _decode_logits(model, growing, ids, 20)
+    assert torch.equal(logits, reference)
+    assert isinstance(growing.layers[0], GrowingLayer)
+    assert len(set(addresses)) == 1  # every decoded column went into the same buffer
+
+
+def test_growing_layer_never_writes_a_column_it_handed_out():
+    layer = GrowingLayer()
+    keys = torch.arange(24.0).reshape(1, 1, 6, 4)
+    layer.update(keys, keys.clone())
+    handed = layer.keys
+    layer.crop(-2)  # a cropped layer must not write its next columns over the view handed out
+    layer.update(torch.full((1, 1, 1, 4), -1.0), torch.full((1, 1, 1, 4), -1.0))
+    assert torch.equal(handed, keys)
+    assert torch.equal(layer.keys[:, :, :4], keys[:, :, :4]) and layer.keys[0, 0, 4].eq(-1).all()
+    before = layer.key_buffer.data_ptr()
+    layer.update(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4))  # an intact layer writes in place
+    assert layer.key_buffer.data_ptr() == before and layer.keys.shape[2] == 8

@@ -11,8 +11,10 @@ Every forward pass is the plain left-padded form that `generate` uses, so a padd
 computes what the row alone would. A batch never holds holes. When rows have different
 numbers of new tokens, each row re-feeds a few cached tokens until all rows have the same
 number. Rows with far more new tokens than the rest are prefilled in a group of their own.
-Positions follow the attention mask, as in `generate`. States never change a tensor in
-place, so a `Checkpoint` is a token offset plus references, and `restore` is exact.
+Positions follow the attention mask, as in `generate`. A batch cache keeps spare columns and
+writes each decoded token's keys and values into the next one (`GrowingLayer`), so a decode
+step copies nothing; no column a state or checkpoint refers to is ever written again, so a
+`Checkpoint` is a token offset plus references, and `restore` is exact.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 #: Shared prefixes shorter than this are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
 #: Shared prefixes the engine keeps (least recently used dropped first).
 MAX_SHARED_PREFIXES = 4
+#: Spare columns a batch cache allocates beyond what it holds: room for a reply's decode
+#: steps (96 new tokens by default) without reallocating.
+SPARE_COLUMNS = 128
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
@@ -389,27 +395,86 @@ class _Batch:
     def select(self, keep: Sequence[int]) -> _Batch:
         """The batch with only rows `keep` (copies the cache once)."""
         index = torch.tensor(keep, device=self.mask.device)
-        cache = DynamicCache()
-        for layer, (k, v) in enumerate(_layers(self.cache)):
-            cache.update(k.index_select(0, index), v.index_select(0, index), layer)
+        cache = _cache()
+        for k, v in _layers(self.cache):
+            layer = GrowingLayer()
+            layer.hold(_spare(k.index_select(0, index)), _spare(v.index_select(0, index)), k.shape[2])
+            cache.layers.append(layer)
         return _Batch([self.rows[j] for j in keep], cache, self.mask[index], self.logits[index])
 
 
-def _assemble(states: Sequence[KVState], width: int) -> DynamicCache:
-    """One left-padded batch cache of `width` columns from per-sequence states."""
+class GrowingLayer(DynamicLayer):
+    """A cache layer whose keys and values are the first columns of buffers with spare ones.
+
+    `DynamicLayer` concatenates at every forward pass, a copy of the whole cache per decoded
+    token (about a fifth of a decode pass at C's 700-token prompts, batch 16). This layer
+    writes the new columns into the spare ones and hands attention views of the same shape
+    and values, so every logit is the same bit for bit. Columns a view was handed out for are
+    never written again; a layer whose keys were replaced or cropped reallocates instead.
+    """
+
+    def hold(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Adopt buffers (batch, heads, capacity, head dim) whose first `length` columns are the cache."""
+        self.device, self.is_initialized = keys.device, True
+        self.key_buffer, self.value_buffer = keys, values
+        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+        self.held = length
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        length = self.get_seq_length()
+        total = length + key_states.shape[2]
+        buffer = getattr(self, "key_buffer", None)
+        intact = (buffer is not None and self.keys.data_ptr() == buffer.data_ptr() and length == self.held
+                  and self.keys.shape[0] == key_states.shape[0] and total <= buffer.shape[2])
+        if not intact:
+            keys, values = _spare(key_states, total), _spare(value_states, total)
+            if length:
+                keys[:, :, :length] = self.keys
+                values[:, :, :length] = self.values
+            self.key_buffer, self.value_buffer = keys, values
+            self.device, self.is_initialized = key_states.device, True
+        self.key_buffer[:, :, length:total] = key_states
+        self.value_buffer[:, :, length:total] = value_states
+        self.keys, self.values = self.key_buffer[:, :, :total], self.value_buffer[:, :, :total]
+        self.held = total
+        return self.keys, self.values
+
+
+def _spare(tensor: torch.Tensor, length: int | None = None) -> torch.Tensor:
+    """A zeroed buffer shaped like `tensor` with `SPARE_COLUMNS` more columns than `length`
+    (default: its own), `tensor` copied into its first columns when `length` is None."""
+    held = tensor.shape[2] if length is None else length
+    buffer = tensor.new_zeros((tensor.shape[0], tensor.shape[1], held + SPARE_COLUMNS, tensor.shape[3]))
+    if length is None:
+        buffer[:, :, :held] = tensor
+    return buffer
+
+
+def _cache() -> DynamicCache:
+    """An empty batch cache whose layers are `GrowingLayer`s."""
     cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
+def _assemble(states: Sequence[KVState], width: int) -> DynamicCache:
+    """One left-padded batch cache of `width` columns (and spare ones) from per-sequence states."""
+    cache = _cache()
     if width == 0:
         return cache
     template = next(s.layers for s in states if s.length)
     for index, (k0, v0) in enumerate(template):
-        keys = k0.new_zeros((len(states), k0.shape[1], width, k0.shape[3]))
-        values = v0.new_zeros((len(states), v0.shape[1], width, v0.shape[3]))
+        keys = _spare(k0.new_empty((len(states), k0.shape[1], 0, k0.shape[3])), width)
+        values = _spare(v0.new_empty((len(states), v0.shape[1], 0, v0.shape[3])), width)
         for j, state in enumerate(states):
             if state.length:
                 k, v = state.layers[index]
-                keys[j, :, width - state.length :] = k[0]
-                values[j, :, width - state.length :] = v[0]
-        cache.update(keys, values, index)
+                keys[j, :, width - state.length : width] = k[0]
+                values[j, :, width - state.length : width] = v[0]
+        layer = GrowingLayer()
+        layer.hold(keys, values, width)
+        cache.layers.append(layer)
     return cache
 
 
