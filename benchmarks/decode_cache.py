@@ -22,23 +22,17 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from kbench.backends.engine import GrowingLayer
+from kbench.backends.engine import growing_cache
 from kbench.config import load_params
 
 SHAPES = ((16, 300), (16, 700))
-KINDS = ("concatenating", "growing")
-
-
-def new_cache(kind: str) -> DynamicCache:
-    cache = DynamicCache()
-    if kind == "growing":
-        cache.layer_class_to_replicate = GrowingLayer
-    return cache
+CACHES = {"concatenating": DynamicCache, "growing": growing_cache}
+KINDS = tuple(CACHES)
 
 
 def decode(model, kind: str, prompt: torch.Tensor, steps: int) -> tuple[list[float], torch.Tensor]:
     """Seconds of each decode pass after a prefill of `prompt`, and every step's logits."""
-    cache = new_cache(kind)
+    cache = CACHES[kind]()
     rows, length = prompt.shape
     seconds, logits = [], []
     with torch.inference_mode():

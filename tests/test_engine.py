@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
-from kbench.backends.engine import MIN_SHARED_PREFIX, Engine, GrowingLayer, KVState, common_prefix
+from kbench.backends.engine import MIN_SHARED_PREFIX, Engine, GrowingLayer, KVState, common_prefix, growing_cache
 from kbench.backends.hf import encode_prompt, end_of_turn_ids, load_model, reference_decode
 from kbench.config import ModelConfig
 
@@ -216,7 +216,8 @@ def _decode_logits(model, cache, ids: torch.Tensor, steps: int) -> tuple[torch.T
         for _ in range(steps):
             token = out.logits[:, -1:].argmax(-1)
             logits.append(out.logits[:, -1])
-            addresses.append(getattr(cache.layers[0], "key_buffer", cache.layers[0].keys).data_ptr())
+            layer = cache.layers[0]
+            addresses.append((layer.key_buffer if isinstance(layer, GrowingLayer) else layer.keys).data_ptr())
             out = model(input_ids=token, cache=cache, use_cache=True)
     return torch.stack(logits), addresses
 
@@ -225,8 +226,7 @@ def test_growing_layer_gives_the_concatenating_cache_s_logits_bit_for_bit_withou
     model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu"))  # float32, as the runs
     ids = torch.tensor([encode_prompt(tokenizer, chat(q))[:12] for q in QUESTIONS])
     reference, _ = _decode_logits(model, DynamicCache(), ids, 20)
-    growing = DynamicCache()
-    growing.layer_class_to_replicate = GrowingLayer
+    growing = growing_cache()
     logits, addresses = _decode_logits(model, growing, ids, 20)
     assert torch.equal(logits, reference)
     assert isinstance(growing.layers[0], GrowingLayer)

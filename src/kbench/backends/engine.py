@@ -395,11 +395,9 @@ class _Batch:
     def select(self, keep: Sequence[int]) -> _Batch:
         """The batch with only rows `keep` (copies the cache once)."""
         index = torch.tensor(keep, device=self.mask.device)
-        cache = _cache()
-        for k, v in _layers(self.cache):
-            layer = GrowingLayer()
-            layer.hold(_spare(k.index_select(0, index)), _spare(v.index_select(0, index)), k.shape[2])
-            cache.layers.append(layer)
+        cache = growing_cache()
+        for layer, (k, v) in enumerate(_layers(self.cache)):
+            cache.update(k.index_select(0, index), v.index_select(0, index), layer)
         return _Batch([self.rows[j] for j in keep], cache, self.mask[index], self.logits[index])
 
 
@@ -413,6 +411,13 @@ class GrowingLayer(DynamicLayer):
     never written again; a layer whose keys were replaced or cropped reallocates instead.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.key_buffer: torch.Tensor | None = None
+        self.value_buffer: torch.Tensor | None = None
+        #: Columns handed out as `keys`/`values`: the next write starts here.
+        self.held = 0
+
     def hold(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         """Adopt buffers (batch, heads, capacity, head dim) whose first `length` columns are the cache."""
         self.device, self.is_initialized = keys.device, True
@@ -424,16 +429,16 @@ class GrowingLayer(DynamicLayer):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         length = self.get_seq_length()
         total = length + key_states.shape[2]
-        buffer = getattr(self, "key_buffer", None)
+        buffer = self.key_buffer
         intact = (buffer is not None and self.keys.data_ptr() == buffer.data_ptr() and length == self.held
                   and self.keys.shape[0] == key_states.shape[0] and total <= buffer.shape[2])
         if not intact:
-            keys, values = _spare(key_states, total), _spare(value_states, total)
+            rows = key_states.shape[0]
+            keys, values = _buffer(key_states, rows, total), _buffer(value_states, rows, total)
             if length:
                 keys[:, :, :length] = self.keys
                 values[:, :, :length] = self.values
-            self.key_buffer, self.value_buffer = keys, values
-            self.device, self.is_initialized = key_states.device, True
+            self.hold(keys, values, length)
         self.key_buffer[:, :, length:total] = key_states
         self.value_buffer[:, :, length:total] = value_states
         self.keys, self.values = self.key_buffer[:, :, :total], self.value_buffer[:, :, :total]
@@ -441,18 +446,13 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def _spare(tensor: torch.Tensor, length: int | None = None) -> torch.Tensor:
-    """A zeroed buffer shaped like `tensor` with `SPARE_COLUMNS` more columns than `length`
-    (default: its own), `tensor` copied into its first columns when `length` is None."""
-    held = tensor.shape[2] if length is None else length
-    buffer = tensor.new_zeros((tensor.shape[0], tensor.shape[1], held + SPARE_COLUMNS, tensor.shape[3]))
-    if length is None:
-        buffer[:, :, :held] = tensor
-    return buffer
+def _buffer(like: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """Zeros for `rows` sequences of `length` columns plus `SPARE_COLUMNS`, `like`'s heads, head dim, dtype."""
+    return like.new_zeros((rows, like.shape[1], length + SPARE_COLUMNS, like.shape[3]))
 
 
-def _cache() -> DynamicCache:
-    """An empty batch cache whose layers are `GrowingLayer`s."""
+def growing_cache() -> DynamicCache:
+    """An empty cache whose layers are `GrowingLayer`s (the engine's batch caches)."""
     cache = DynamicCache()
     cache.layer_class_to_replicate = GrowingLayer
     return cache
@@ -460,13 +460,12 @@ def _cache() -> DynamicCache:
 
 def _assemble(states: Sequence[KVState], width: int) -> DynamicCache:
     """One left-padded batch cache of `width` columns (and spare ones) from per-sequence states."""
-    cache = _cache()
+    cache = growing_cache()
     if width == 0:
         return cache
     template = next(s.layers for s in states if s.length)
     for index, (k0, v0) in enumerate(template):
-        keys = _spare(k0.new_empty((len(states), k0.shape[1], 0, k0.shape[3])), width)
-        values = _spare(v0.new_empty((len(states), v0.shape[1], 0, v0.shape[3])), width)
+        keys, values = _buffer(k0, len(states), width), _buffer(v0, len(states), width)
         for j, state in enumerate(states):
             if state.length:
                 k, v = state.layers[index]
