@@ -11,7 +11,9 @@ import torch
 from transformers import DynamicCache
 
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
-from kbench.backends.engine import MIN_SHARED_PREFIX, Engine, GrowingLayer, KVState, common_prefix, growing_cache
+from kbench.backends.engine import (
+    MIN_SHARED_PREFIX, Engine, GrowingLayer, KVState, _assemble, common_prefix, growing_cache,
+)
 from kbench.backends.hf import encode_prompt, end_of_turn_ids, load_model, reference_decode
 from kbench.config import ModelConfig
 
@@ -245,3 +247,30 @@ def test_growing_layer_never_writes_a_column_it_handed_out():
     before = layer.key_buffer.data_ptr()
     layer.update(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4))  # an intact layer writes in place
     assert layer.key_buffer.data_ptr() == before and layer.keys.shape[2] == 8
+
+
+def test_taking_rows_copies_their_columns_and_keeps_the_spare_room():
+    layer = GrowingLayer()
+    keys = torch.arange(48.0).reshape(3, 1, 4, 4)
+    layer.update(keys, -keys)
+    index = torch.tensor([2, 0])
+    taken = layer.take(index)
+    assert torch.equal(taken.keys, keys[[2, 0]]) and torch.equal(taken.values, -keys[[2, 0]])
+    assert taken.key_buffer.data_ptr() != layer.key_buffer.data_ptr()
+    before = taken.key_buffer.data_ptr()
+    taken.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))  # the next column goes into the spare room
+    assert taken.key_buffer.data_ptr() == before and torch.equal(taken.keys[:, :, :4], keys[[2, 0]])
+    layer.crop(-1)  # a cropped layer is copied from its keys, not from its buffer
+    assert torch.equal(layer.take(index).keys, keys[[2, 0], :, :3])
+
+
+def test_an_assembled_batch_cache_has_zeros_in_its_left_padding(monkeypatch):
+    # Buffers start uninitialized; fill them with NaN to see that assembly writes every column
+    # attention reads (NaN in masked padding would still poison softmax).
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, size: torch.full(size, float("nan")))
+    short = KVState([1, 2], ((torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4)),))
+    long = KVState([1, 2, 3, 4, 5], ((torch.ones(1, 1, 5, 4), torch.ones(1, 1, 5, 4)),))
+    cache = _assemble([short, long], 5)
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys[0, :, :3], torch.zeros(1, 3, 4)) and torch.equal(layer.values[0, :, :3], torch.zeros(1, 3, 4))
+    assert not layer.keys.isnan().any() and not layer.values.isnan().any() and layer.keys.shape[2] == 5

@@ -393,11 +393,10 @@ class _Batch:
     logits: torch.Tensor
 
     def select(self, keep: Sequence[int]) -> _Batch:
-        """The batch with only rows `keep` (copies the cache once)."""
+        """The batch with only rows `keep` (copies those rows' cache once)."""
         index = torch.tensor(keep, device=self.mask.device)
         cache = growing_cache()
-        for layer, (k, v) in enumerate(_layers(self.cache)):
-            cache.update(k.index_select(0, index), v.index_select(0, index), layer)
+        cache.layers = [layer.take(index) for layer in self.cache.layers]
         return _Batch([self.rows[j] for j in keep], cache, self.mask[index], self.logits[index])
 
 
@@ -425,13 +424,26 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = keys[:, :, :length], values[:, :, :length]
         self.held = length
 
+    def _intact(self) -> bool:
+        """Are the keys still the buffer's first `held` columns (not replaced or cropped)?"""
+        return (self.key_buffer is not None and self.keys.data_ptr() == self.key_buffer.data_ptr()
+                and self.keys.shape[2] == self.held)
+
+    def take(self, index: torch.Tensor) -> GrowingLayer:
+        """A layer of the batch rows `index`: one copy of their buffers, spare columns included."""
+        layer = GrowingLayer()
+        if self._intact():
+            layer.hold(self.key_buffer.index_select(0, index), self.value_buffer.index_select(0, index), self.held)
+        elif self.is_initialized:
+            layer.update(self.keys.index_select(0, index), self.values.index_select(0, index))
+        return layer
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
         length = self.get_seq_length()
         total = length + key_states.shape[2]
-        buffer = self.key_buffer
-        intact = (buffer is not None and self.keys.data_ptr() == buffer.data_ptr() and length == self.held
-                  and self.keys.shape[0] == key_states.shape[0] and total <= buffer.shape[2])
+        intact = (self._intact() and self.keys.shape[0] == key_states.shape[0]
+                  and total <= self.key_buffer.shape[2])
         if not intact:
             rows = key_states.shape[0]
             keys, values = _buffer(key_states, rows, total), _buffer(value_states, rows, total)
@@ -447,8 +459,9 @@ class GrowingLayer(DynamicLayer):
 
 
 def _buffer(like: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    """Zeros for `rows` sequences of `length` columns plus `SPARE_COLUMNS`, `like`'s heads, head dim, dtype."""
-    return like.new_zeros((rows, like.shape[1], length + SPARE_COLUMNS, like.shape[3]))
+    """Room (uninitialized) for `rows` sequences of `length` columns plus `SPARE_COLUMNS`, in
+    `like`'s heads, head dim and dtype: every column is written before attention reads it."""
+    return like.new_empty((rows, like.shape[1], length + SPARE_COLUMNS, like.shape[3]))
 
 
 def growing_cache() -> DynamicCache:
@@ -467,6 +480,9 @@ def _assemble(states: Sequence[KVState], width: int) -> DynamicCache:
     for index, (k0, v0) in enumerate(template):
         keys, values = _buffer(k0, len(states), width), _buffer(v0, len(states), width)
         for j, state in enumerate(states):
+            pad = width - state.length  # masked out, but it must hold finite values for attention
+            keys[j, :, :pad] = 0
+            values[j, :, :pad] = 0
             if state.length:
                 k, v = state.layers[index]
                 keys[j, :, width - state.length : width] = k[0]
