@@ -247,3 +247,19 @@ def test_each_record_is_handed_on_in_the_step_its_trajectory_halts(small_corpus,
     assert order[:2] == [("step", 4), ("summary", 4)]  # the summary batch took every query
     assert [kind for kind, _ in order].count("summary") == 1
     assert {q for q, _ in seen} == {q.query_id for q in queries}
+
+
+def test_trajectories_started_on_other_substrates_share_one_step(small_corpus, params, queries):  # noqa: F811
+    # The agent base's held-out evaluation steps its C and R-struct trajectories in one batch.
+    query = queries[0]
+    name = small_corpus.entities[query.entity_id].name
+    backend = ScriptedBackend([f"Action: lookup_record[{name}, {query.field}]", "Final Answer: x"])
+    method = build_method("none", MethodContext(small_corpus, params, 0))
+    agents = [ReActAgent(backend, build_substrate(s, small_corpus, params.agent, seed=0), method, params.agent, seed=0)
+              for s in ("C", "R-struct")]
+    trajectories = [agent.start(query, "forget") for agent in agents]
+    agents[0].step_batch(trajectories)
+    assert backend.calls == [2]
+    on_c, on_struct = (t.steps[0].observation for t in trajectories)
+    assert on_struct == f"{name}'s {FIELD_PHRASES[query.field]}: {query.ground_truth}"  # its own tools
+    assert on_c != on_struct

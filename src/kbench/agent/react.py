@@ -135,6 +135,9 @@ class ReActAgent:
 
     # -- batches ---------------------------------------------------------------------------
     def step_batch(self, trajectories: Sequence[Trajectory]) -> None:
+        """One ReAct step of every trajectory in one batched call. A step reaches the substrate
+        only through the trajectory's tools, so trajectories that other agents (with this
+        backend, method and config) started on other substrates can share the batch."""
         generations = self._generate(
             [t.query for t in trajectories],
             [t.conversation for t in trajectories],

@@ -23,7 +23,7 @@ from datetime import date
 from pathlib import Path
 
 from kbench import io
-from kbench.agent import ReActAgent, Trajectory
+from kbench.agent import ReActAgent
 from kbench.agent.prompts import observation_turn, react_conversation
 from kbench.agent.tools import ToolContext, call_tool
 from kbench.backends import Conversation, Message, build_backend
@@ -161,19 +161,20 @@ def evaluate_agent(model: ModelConfig, params: Params, world: Corpus, queries: l
     """Format compliance (halted with a final answer) and correctness on held-out people.
 
     Each held-out query runs the real harness on one of C, R-text and R-struct in turn,
-    without the elicited summary (it does not bear on the format).
+    without the elicited summary (it does not bear on the format). All of them step in one
+    batch: a trajectory reaches its substrate through its own tools.
     """
     backend = build_backend(model)
     method = build_method(BASELINE_METHOD, MethodContext(world, params, seed))
     substrates = _substrates(world, params, index_dir, seed)
-    trajectories: list[Trajectory] = []
-    for offset, name in enumerate(TRAINING_SUBSTRATES):
-        agent = ReActAgent(backend, substrates[name], method, params.agent, seed=seed)
-        active = [agent.start(q, RETAIN) for q in queries[offset :: len(TRAINING_SUBSTRATES)]]
-        trajectories += active
-        while active:
-            agent.step_batch(active)
-            active = [t for t in active if not t.done]
+    agents = [ReActAgent(backend, substrates[name], method, params.agent, seed=seed) for name in TRAINING_SUBSTRATES]
+    trajectories = [
+        agent.start(q, RETAIN) for offset, agent in enumerate(agents) for q in queries[offset :: len(agents)]
+    ]
+    active = trajectories
+    while active:
+        agents[0].step_batch(active)
+        active = [t for t in active if not t.done]
     compliant = [t for t in trajectories if t.halted_reason == "final_answer"]
     correct = [t for t in compliant if match(t.query.field, t.query.ground_truth, t.answer or "").leaked]
     n = len(trajectories)
