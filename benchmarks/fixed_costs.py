@@ -5,7 +5,8 @@ the same stage on the same code varies by a third between machines and days, so 
 run here, alternating within each repeat. Each commit gets its own clone with its own
 default params, a copy of `models/` and an empty `data/`, and runs `dvc repro --force inject`
 (corpus, index, agent_base, inject) with this project's environment and its own `src/` first
-on PYTHONPATH. Stage times come from DVC's "Running stage" lines; peak RSS from the run.
+on PYTHONPATH. Stage times come from DVC's "Running stage" lines; peak RSS from the run; the
+digests of the written `hashes.json` and metrics files show whether two runs wrote the same.
 
     PYTHONPATH=src .venv/bin/python benchmarks/fixed_costs.py --before 656585d --after HEAD \\
         --repeats 1 --json benchmarks/fixed_costs.json
@@ -17,6 +18,7 @@ The environment must hold every dependency of both commits (here: HEAD's `make s
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -43,6 +45,13 @@ def checkout(rev: str, where: Path) -> Path:
     return path
 
 
+def output_digests(path: Path) -> dict[str, str]:
+    """sha256 (first 16 hex digits) of each `hashes.json` and metrics file the stages wrote:
+    equal digests across runs mean the same weights, adapters and recall figures."""
+    files = sorted(f for pattern in ("hashes.json", "*metrics.json") for f in (path / "artifacts").rglob(pattern))
+    return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in files}
+
+
 def run_stages(path: Path) -> dict[str, Any]:
     """`dvc repro --force inject` in `path`: seconds per stage from the time each starts."""
     env = dict(os.environ, PYTHONPATH=str(path / "src"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -65,7 +74,7 @@ def run_stages(path: Path) -> dict[str, Any]:
     ends = [t for _, t in marks[1:]] + [total]
     seconds = {name: round(end - start, 1) for (name, start), end in zip(marks, ends)}
     return {"stages": seconds, "fixed_costs_s": round(seconds["agent_base"] + seconds["inject"], 1),
-            "peak_rss_gb": round(rss_kb / 1e6, 2)}
+            "peak_rss_gb": round(rss_kb / 1e6, 2), "outputs": output_digests(path)}
 
 
 def main() -> None:
