@@ -11,6 +11,10 @@ digests of the written `hashes.json` and metrics files show whether two runs wro
     PYTHONPATH=src .venv/bin/python benchmarks/fixed_costs.py --before 656585d --after HEAD \\
         --repeats 1 --json benchmarks/fixed_costs.json
 
+`--after-set queries.n_per_split=4` runs the after commit on the before commit's workload
+(656585d's default: 4 + 4 queries, so LoRA-T+D learns the same 16 entities): a key of the
+after clone's params.yaml is set before its runs, the comments kept.
+
 The environment must hold every dependency of both commits (here: HEAD's `make setup` covers
 656585d's, whose pyproject only lacks two packages). Runs take about 10-20 minutes a commit.
 """
@@ -30,8 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ruamel.yaml import YAML
+
 ROOT = Path(__file__).resolve().parents[1]
 _RUNNING = re.compile(r"Running stage '([^']+)'")
+_LEARNED = re.compile(r"inject: (\d+) entities, (\d+) examples")
 _RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 
 
@@ -43,6 +50,28 @@ def checkout(rev: str, where: Path) -> Path:
     shutil.copytree(ROOT / "models", path / "models")
     (path / "data").mkdir(exist_ok=True)
     return path
+
+
+def set_params(path: Path, assignments: list[str]) -> None:
+    """Set dotted keys of `path`/params.yaml (`queries.n_per_split=4`); the value is read as YAML."""
+    if not assignments:
+        return
+    yaml = YAML()
+    yaml.width, yaml.preserve_quotes = 4096, True
+    params_file = path / "params.yaml"
+    params = yaml.load(params_file)
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep:
+            raise SystemExit(f"--after-set wants KEY=VALUE, got {assignment!r}")
+        *parents, leaf = key.split(".")
+        section = params
+        for part in parents:
+            section = section[part]
+        if leaf not in section:
+            raise SystemExit(f"--after-set: params.yaml has no key {key!r}")
+        section[leaf] = yaml.load(value)
+    yaml.dump(params, params_file)
 
 
 def output_digests(path: Path) -> dict[str, str]:
@@ -61,11 +90,14 @@ def run_stages(path: Path) -> dict[str, Any]:
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marks: list[tuple[str, float]] = []
     rss_kb = 0
+    learned: list[str] = []  # "entities/examples" of each adapter trained: the same workload reads the same
     assert process.stdout is not None
     for line in process.stdout:
         if match := _RUNNING.search(line):
             marks.append((match.group(1), time.monotonic() - started))
             print(f"  {marks[-1][1]:7.1f} s  {match.group(1)}", flush=True)
+        elif match := _LEARNED.search(line):
+            learned.append(f"{match.group(1)}/{match.group(2)}")
         elif match := _RSS.search(line):
             rss_kb = int(match.group(1))
     if process.wait() != 0:
@@ -74,7 +106,8 @@ def run_stages(path: Path) -> dict[str, Any]:
     ends = [t for _, t in marks[1:]] + [total]
     seconds = {name: round(end - start, 1) for (name, start), end in zip(marks, ends)}
     return {"stages": seconds, "fixed_costs_s": round(seconds["agent_base"] + seconds["inject"], 1),
-            "peak_rss_gb": round(rss_kb / 1e6, 2), "outputs": output_digests(path)}
+            "peak_rss_gb": round(rss_kb / 1e6, 2),
+            "learned_entities_examples": learned, "outputs": output_digests(path)}
 
 
 def main() -> None:
@@ -83,6 +116,8 @@ def main() -> None:
     parser.add_argument("--after", default="HEAD")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--after-first", action="store_true", help="start each pair of runs with --after")
+    parser.add_argument("--after-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a params.yaml key of the after clone (repeatable), e.g. queries.n_per_split=4")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     revs = {side: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
@@ -91,6 +126,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="kbench-fixed-") as tmp:
         paths = {side: checkout(rev, Path(tmp)) for side, rev in revs.items()}
+        set_params(paths["after"], args.after_set)
         for repeat in range(args.repeats):
             order = ("before", "after") if (repeat + args.after_first) % 2 == 0 else ("after", "before")
             for side in order:
@@ -98,7 +134,7 @@ def main() -> None:
                 runs[side].append(run_stages(paths[side]))
                 print(f"  agent_base + inject: {runs[side][-1]['fixed_costs_s']} s", flush=True)
     ratios = [a["fixed_costs_s"] / b["fixed_costs_s"] for a, b in zip(runs["after"], runs["before"])]
-    report = {"revisions": revs, "runs": runs, "after_over_before": [round(r, 3) for r in ratios]}
+    report = {"revisions": revs, "after_set": args.after_set, "runs": runs, "after_over_before": [round(r, 3) for r in ratios]}
     print(json.dumps(report, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
