@@ -52,18 +52,23 @@ def checkout(rev: str, where: Path) -> Path:
     return path
 
 
-def set_params(path: Path, assignments: list[str]) -> None:
-    """Set dotted keys of `path`/params.yaml (`queries.n_per_split=4`); the value is read as YAML."""
+def assignment(text: str) -> tuple[str, str]:
+    """`--after-set`'s KEY=VALUE, checked when the command line is read (before any clone)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"wants KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def set_params(path: Path, assignments: list[tuple[str, str]]) -> None:
+    """Set dotted keys of `path`/params.yaml (`queries.n_per_split`, `4`); the value is read as YAML."""
     if not assignments:
         return
     yaml = YAML()
     yaml.width, yaml.preserve_quotes = 4096, True
     params_file = path / "params.yaml"
     params = yaml.load(params_file)
-    for assignment in assignments:
-        key, sep, value = assignment.partition("=")
-        if not sep:
-            raise SystemExit(f"--after-set wants KEY=VALUE, got {assignment!r}")
+    for key, value in assignments:
         *parents, leaf = key.split(".")
         section = params
         for part in parents:
@@ -116,7 +121,7 @@ def main() -> None:
     parser.add_argument("--after", default="HEAD")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--after-first", action="store_true", help="start each pair of runs with --after")
-    parser.add_argument("--after-set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--after-set", action="append", default=[], type=assignment, metavar="KEY=VALUE",
                         help="set a params.yaml key of the after clone (repeatable), e.g. queries.n_per_split=4")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -134,7 +139,7 @@ def main() -> None:
                 runs[side].append(run_stages(paths[side]))
                 print(f"  agent_base + inject: {runs[side][-1]['fixed_costs_s']} s", flush=True)
     ratios = [a["fixed_costs_s"] / b["fixed_costs_s"] for a, b in zip(runs["after"], runs["before"])]
-    report = {"revisions": revs, "after_set": args.after_set, "runs": runs, "after_over_before": [round(r, 3) for r in ratios]}
+    report = {"revisions": revs, "after_set": [f"{key}={value}" for key, value in args.after_set], "runs": runs, "after_over_before": [round(r, 3) for r in ratios]}
     print(json.dumps(report, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
