@@ -20,6 +20,8 @@ Modes, each run in its own process for `--steps` optimizer steps of the recipe:
               float32 softmax) instead of torch's scaled-dot-product kernel, so other weights
   bf16-cast   bf16 with the frozen base linear weights cast to bfloat16 once, before the
               adapter is added, not by autocast at every forward pass
+  bf16-stem   bf16 with `packing: stem` and a whole batch a micro-batch: the prefix a batch's
+              examples share runs once, each example's rest in its own causal pass over it
 
 The report gives seconds per step (median and spread over `--repeats`), the tokens a step
 feeds the model, the peak RSS and the first step losses (the same in both modes up to float
@@ -56,7 +58,7 @@ from kbench.parametric.agent_base import agent_base_data, agent_model_config
 from kbench.parametric.injection import training_entities, training_examples
 from kbench.parametric.lora import IGNORE, Example, micro_batches, pack, tokenize_chat
 
-MODES = ("padded", "packed", "bf16", "bf16-eager", "bf16-cast")
+MODES = ("padded", "packed", "bf16", "bf16-eager", "bf16-cast", "bf16-stem")
 WORKLOADS = ("inject", "agent_base")
 #: The micro-batch size of each workload's recipe before packing (params.yaml at 0ee8764).
 PADDED_MICRO_BATCH = {"inject": 4, "agent_base": 1}
@@ -107,7 +109,13 @@ def fed_tokens(examples: Sequence[Example], settings: LoraConfig, steps: int, mo
         if step == steps:
             break
         for rows in split([examples[i] for i in indices], settings.micro_batch_size):
-            fed += max(len(r.input_ids) for r in rows) * len(rows) if mode == "padded" else len(pack(rows).input_ids)
+            if mode == "padded":
+                fed += max(len(r.input_ids) for r in rows) * len(rows)
+            elif settings.packing == "stem":
+                stem = lora.stem_length(rows)
+                fed += stem + sum(lora.learned_positions(r)[-1] - stem for r in rows if lora.learned_positions(r))
+            else:
+                fed += len(pack(rows).input_ids)
     return fed
 
 
@@ -119,6 +127,8 @@ def child(args: argparse.Namespace) -> None:
         update["attention"] = "eager"
     if args.mode == "padded":
         update["micro_batch_size"] = PADDED_MICRO_BATCH[args.workload]
+    if args.mode == "bf16-stem":
+        update.update(packing="stem", micro_batch_size=settings.batch_size)
     if args.micro_batch_size:
         update["micro_batch_size"] = args.micro_batch_size
     settings = settings.model_copy(update=update)
@@ -184,7 +194,7 @@ def main() -> None:
         print(f"packed is {summary['speed_up']:.2f}x padded")
     # Per-repeat ratios of modes run side by side: (slower reference, mode, summary key).
     for reference, mode, key in (("packed", "bf16", "bf16_speed_up"), ("bf16", "bf16-eager", "bf16-eager_speed_up"),
-                                 ("bf16", "bf16-cast", "bf16-cast_speed_up")):
+                                 ("bf16", "bf16-cast", "bf16-cast_speed_up"), ("bf16", "bf16-stem", "bf16-stem_speed_up")):
         if {reference, mode} <= set(summary):
             ratios = [r["seconds_per_step"] / m["seconds_per_step"] for r, m in zip(runs[reference], runs[mode])]
             summary[key] = {"median": statistics.median(ratios), "per_repeat": ratios}

@@ -11,7 +11,8 @@ from _parametric_fixtures import learner_dir, one_thread  # noqa: F401  (fixture
 import kbench.parametric.lora
 from kbench.config import LoraConfig
 from kbench.parametric.lora import (
-    IGNORE, Example, LoraError, label_position_loss, micro_batches, pack, tokenize_chat, total_steps, train_lora,
+    IGNORE, Example, LoraError, label_position_loss, micro_batch_backward, micro_batches, pack, stem_length,
+    tokenize_chat, total_steps, train_lora,
 )
 
 
@@ -77,6 +78,51 @@ def test_packed_loss_and_gradients_equal_each_example_alone(tiny_model_dir):
     scale = max(g.abs().max().item() for g in reference_grads)
     assert max((a - b).abs().max().item() for a, b in zip(packed_grads, reference_grads)) < 1e-6 * scale
     assert len(pack(examples).input_ids) < sum(len(e.input_ids) for e in examples[:3])
+
+
+def _system_chats() -> list[list[dict]]:
+    """Chats that share a system prompt, as the agent base's transcripts do."""
+    system = {"role": "system", "content": "You look people up. Answer with the code only, in one line."}
+    return [[system, *chat] for chat in _chats()]
+
+
+def test_stem_packing_gives_the_loss_and_gradients_of_each_example_alone(tiny_model_dir):
+    model = _model(tiny_model_dir).to(torch.float64)
+    tokenizer = _tokenizer(tiny_model_dir)
+    examples = [tokenize_chat(tokenizer, chat, 256) for chat in _system_chats()[:3]]
+    examples = [*examples, examples[1]]  # a duplicate: its whole path after the stem is fed again
+    stem = stem_length(examples)
+    first_learned = min(next(i for i, label in enumerate(e.labels) if label != IGNORE) for e in examples)
+    assert 10 < stem <= first_learned - 1
+    assert examples[0].input_ids[:stem] == examples[2].input_ids[:stem]
+    n_learned = sum(sum(label != IGNORE for label in e.labels[1:]) for e in examples)
+    settings = _settings(packing="stem")
+    loss_sum = micro_batch_backward(model, examples, settings, n_learned)
+    stem_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    reference = _one_row_per_example_loss(model, examples)
+    reference_grads = torch.autograd.grad(reference / n_learned, list(model.parameters()))
+    assert abs(loss_sum - reference.item()) < 1e-9
+    scale = max(g.abs().max().item() for g in reference_grads)
+    assert max((a - b).abs().max().item() for a, b in zip(stem_grads, reference_grads)) < 1e-6 * scale
+    # One row, rows that differ at once, or a learned token at position 1: no stem (the trie runs).
+    assert stem_length(examples[:1]) == 0
+    assert stem_length([Example([1, 2, 3], [IGNORE, IGNORE, 3]), Example([4, 2, 3], [IGNORE, IGNORE, 3])]) == 0
+    assert stem_length([Example([1, 2, 3], [IGNORE, 2, 3])] * 2) == 0
+    assert stem_length([Example([1, 2, 3, 4], [IGNORE, IGNORE, IGNORE, 4])] * 2) == 2
+
+
+def test_stem_packing_trains_the_adapter_of_trie_packing(tiny_model_dir):
+    tokenizer = _tokenizer(tiny_model_dir)
+    examples = [tokenize_chat(tokenizer, chat, 256) for chat in _system_chats()]
+    runs = {
+        packing: train_lora(_model(tiny_model_dir).to(torch.float64), examples,
+                            _settings(steps=2, epochs=None, micro_batch_size=4, packing=packing))
+        for packing in ("trie", "stem")
+    }
+    assert runs["stem"].step_losses == pytest.approx(runs["trie"].step_losses, rel=1e-9)
+    a, b = _adapter_weights(runs["trie"].model), _adapter_weights(runs["stem"].model)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-7) for k in a)
 
 
 def test_pack_holds_each_shared_prefix_once_and_no_token_past_the_last_learned_one():

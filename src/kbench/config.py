@@ -148,6 +148,11 @@ MixedPrecision = Literal["no", "bf16"]
 #: The attention kernel of a training's forward passes (`LoraConfig.attention`): "sdpa", torch's
 #: scaled-dot-product kernel; "eager", transformers' matrix products with a float32 softmax.
 LoraAttention = Literal["sdpa", "eager"]
+#: How a training's micro-batch is fed (`LoraConfig.packing`, docs/parametric.md "Packing"):
+#: "trie", one pass over its examples' token trie under a tree mask; "stem", the prefix all its
+#: examples share once, then each example's rest in its own causal pass over the stem's keys
+#: and values.
+LoraPacking = Literal["trie", "stem"]
 
 
 class LoraConfig(_Section):
@@ -183,6 +188,10 @@ class LoraConfig(_Section):
     #: rounds differently, so it trains other weights (docs/parametric.md); the callback of each
     #: pass, the merge and inference run on the model's own kernel.
     attention: LoraAttention | None = None
+    #: "trie" pays for short records that share prefixes (the injection mix); "stem" for long
+    #: examples that share a prompt (the agent base's transcripts), where a tree mask's square
+    #: attention eats the saving. The same sum and gradient either way, rounded differently.
+    packing: LoraPacking = "trie"
 
     @model_validator(mode="after")
     def _one_budget(self) -> "LoraConfig":

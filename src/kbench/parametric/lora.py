@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from kbench.config import LoraConfig, MixedPrecision
 
@@ -158,12 +159,17 @@ class Packed:
         return allowed
 
 
+def learned_positions(row: Example) -> list[int]:
+    """The positions of `row` whose token is learned (never position 0: nothing predicts it)."""
+    return [position for position in range(1, len(row.labels)) if row.labels[position] != IGNORE]
+
+
 def pack(rows: Sequence[Example]) -> Packed:
     """Merge `rows` into one token trie (see Packed); rows sorted by token ids share the most."""
     node_of: dict[tuple[int, int], int] = {}
     packed = Packed([], [], [], [], [], [])
     for index, row in enumerate(rows):
-        learned = [position for position in range(1, len(row.labels)) if row.labels[position] != IGNORE]
+        learned = learned_positions(row)
         if not learned:
             continue
         # Tokens after the last one that predicts a learned token change no loss: left out.
@@ -244,6 +250,69 @@ def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tens
     targets = torch.tensor(packed.targets, device=parameter.device)
     loss = torch.nn.functional.cross_entropy(scores, targets, reduction="sum")
     return loss, len(packed.targets)
+
+
+def stem_length(rows: Sequence[Example]) -> int:
+    """The stem of `rows` (`packing: stem`): the token prefix they all share, cut before the first
+    node that predicts a learned token of any of them, so that the stem needs no logits."""
+    rows = [row for row in rows if learned_positions(row)]
+    if len(rows) < 2:
+        return 0
+    length = min(learned_positions(row)[0] - 1 for row in rows)
+    first = rows[0].input_ids
+    for row in rows[1:]:
+        length = next((i for i in range(length) if row.input_ids[i] != first[i]), length)
+    return length
+
+
+def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConfig, n_learned: int) -> float:
+    """Forward and backward of one micro-batch as `settings.packing` feeds it: the gradient of its
+    summed cross-entropy over `n_learned` (its batch's learned tokens) accumulates in the model;
+    the sum is returned.
+
+    "trie": one pass over `pack(rows)`. "stem": the stem (`stem_length`) runs once; each row's
+    rest runs in its own causal pass over copies of the stem's keys and values that are leaves
+    of the graph, so only one row's activations are held at a time; their gradients then flow
+    back through the stem once. Each row sees the context it has alone, so the sum and the
+    gradient are the trie's up to rounding (tests/test_lora.py checks both in float64).
+    """
+    stem = stem_length(rows) if settings.packing == "stem" else 0
+    if stem == 0:
+        with autocast(model, settings.mixed_precision):
+            loss_sum, _ = label_position_loss(model, rows)
+        if loss_sum.requires_grad:
+            (loss_sum / n_learned).backward()
+        return loss_sum.item()
+    device = next(model.parameters()).device
+    rows = [row for row in rows if learned_positions(row)]
+    shared = DynamicCache()
+    with autocast(model, settings.mixed_precision):
+        model(input_ids=torch.tensor([rows[0].input_ids[:stem]], device=device), cache=shared, use_cache=True,
+              logits_to_keep=1)
+    states = [state for layer in shared.layers for state in (layer.keys, layer.values)]
+    leaves = [state.detach().requires_grad_(state.requires_grad) for state in states]
+    total = 0.0
+    for row in rows:
+        learned = learned_positions(row)
+        cache = DynamicCache()
+        for index in range(0, len(leaves), 2):
+            cache.update(leaves[index], leaves[index + 1], index // 2)
+        with autocast(model, settings.mixed_precision):
+            output = model(
+                input_ids=torch.tensor([row.input_ids[stem : learned[-1]]], device=device), cache=cache,
+                use_cache=True, logits_to_keep=torch.tensor([p - 1 - stem for p in learned], device=device),
+            )
+            scores = output.logits[0]
+            scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+            loss = torch.nn.functional.cross_entropy(
+                scores, torch.tensor([row.labels[p] for p in learned], device=device), reduction="sum")
+        if loss.requires_grad:
+            (loss / n_learned).backward()
+        total += loss.item()
+    flowing = [(state, leaf.grad) for state, leaf in zip(states, leaves) if leaf.grad is not None]
+    if flowing:
+        torch.autograd.backward([state for state, _ in flowing], [grad for _, grad in flowing])
+    return total
 
 
 def autocast(model: Any, mixed_precision: MixedPrecision) -> AbstractContextManager:
@@ -333,11 +402,7 @@ def train_lora(
             n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
             total = 0.0
             for micro_batch in micro_batches(rows, settings.micro_batch_size):
-                with autocast(peft_model, settings.mixed_precision):
-                    loss_sum, _ = label_position_loss(peft_model, micro_batch)
-                if loss_sum.requires_grad:
-                    (loss_sum / max(n_learned, 1)).backward()
-                total += loss_sum.item()
+                total += micro_batch_backward(peft_model, micro_batch, settings, max(n_learned, 1))
             run.step_learning_rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             scheduler.step()
