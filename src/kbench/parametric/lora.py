@@ -7,7 +7,9 @@ Compute: a micro-batch runs as one packed sequence, a token trie of its examples
 a prefix several examples share (the ReAct system prompt, a record repeated in the mix) is fed
 once, no padding is fed, and no token after an example's last learned one. A mask keeps every
 example on its own path with its own positions, so the loss and its gradient are those of
-each example alone (tests/test_lora.py checks both to 1e-9 in float64).
+each example alone (tests/test_lora.py checks both to 1e-9 in float64). With `packing: stem`
+the prefix all examples of a micro-batch share runs once and each example's rest runs after it
+in its own causal pass (`micro_batch_backward`): no tree mask, for long examples.
 
 Memory: a causal LM's full logits are length x vocabulary floats (SmolLM2's 49k vocabulary at
 8 x 1024 tokens is 1.6 GB, several times over once softmax and gradients are kept). The loss
@@ -225,15 +227,18 @@ def packed_forward(model: Any, packed: Packed, *, hidden_layer: int | None = Non
         **layout,
     )
     predicting = torch.tensor([row_of[node] for node in packed.predictors], device=parameter.device)
-    scores = output.logits[0][predicting]
-    # Half-precision logits are scored in float32; float32 and float64 as they are.
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    scores = _scored(output.logits[0][predicting])
     hidden = None
     if hidden_layer is not None:
         # hidden_states[0] is the embeddings; decoder layer l's output is hidden_states[l + 1].
         nodes = torch.tensor(packed.predictors, device=parameter.device)
         hidden = output.hidden_states[hidden_layer + 1][0][nodes]
     return scores, hidden
+
+
+def _scored(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as the loss scores them: half precision in float32, float32 and float64 as they are."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tensor, int]:
@@ -274,7 +279,8 @@ def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConf
     rest runs in its own causal pass over copies of the stem's keys and values that are leaves
     of the graph, so only one row's activations are held at a time; their gradients then flow
     back through the stem once. Each row sees the context it has alone, so the sum and the
-    gradient are the trie's up to rounding (tests/test_lora.py checks both in float64).
+    gradient are the trie's up to rounding (tests/test_lora.py checks both in float64). Like the
+    agent engine, it assumes one full-attention key/value tensor per layer.
     """
     stem = stem_length(rows) if settings.packing == "stem" else 0
     if stem == 0:
@@ -302,10 +308,8 @@ def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConf
                 input_ids=torch.tensor([row.input_ids[stem : learned[-1]]], device=device), cache=cache,
                 use_cache=True, logits_to_keep=torch.tensor([p - 1 - stem for p in learned], device=device),
             )
-            scores = output.logits[0]
-            scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
             loss = torch.nn.functional.cross_entropy(
-                scores, torch.tensor([row.labels[p] for p in learned], device=device), reduction="sum")
+                _scored(output.logits[0]), torch.tensor([row.labels[p] for p in learned], device=device), reduction="sum")
         if loss.requires_grad:
             (loss / n_learned).backward()
         total += loss.item()
