@@ -113,7 +113,7 @@ def fed_tokens(examples: Sequence[Example], settings: LoraConfig, steps: int, mo
                 fed += max(len(r.input_ids) for r in rows) * len(rows)
             elif settings.packing == "stem":
                 stem = lora.stem_length(rows)
-                fed += stem + sum(lora.learned_positions(r)[-1] - stem for r in rows if lora.learned_positions(r))
+                fed += stem + sum(learned[-1] - stem for learned in map(lora.learned_positions, rows) if learned)
             else:
                 fed += len(pack(rows).input_ids)
     return fed

@@ -95,6 +95,9 @@ def test_stem_packing_gives_the_loss_and_gradients_of_each_example_alone(tiny_mo
     first_learned = min(next(i for i, label in enumerate(e.labels) if label != IGNORE) for e in examples)
     assert 10 < stem <= first_learned - 1
     assert examples[0].input_ids[:stem] == examples[2].input_ids[:stem]
+    # A row that learns nothing shares no stem and is left out, also when it comes first.
+    examples = [Example([0] * 8, [IGNORE] * 8), *examples]
+    assert stem_length(examples) == stem
     n_learned = sum(sum(label != IGNORE for label in e.labels[1:]) for e in examples)
     settings = _settings(packing="stem")
     loss_sum = micro_batch_backward(model, examples, settings, n_learned)

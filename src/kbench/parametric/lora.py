@@ -257,15 +257,20 @@ def label_position_loss(model: Any, rows: Sequence[Example]) -> tuple[torch.Tens
     return loss, len(packed.targets)
 
 
+def _learning(rows: Sequence[Example]) -> list[tuple[Example, list[int]]]:
+    """The rows that learn a token, each with its learned positions."""
+    return [(row, learned) for row in rows if (learned := learned_positions(row))]
+
+
 def stem_length(rows: Sequence[Example]) -> int:
     """The stem of `rows` (`packing: stem`): the token prefix they all share, cut before the first
     node that predicts a learned token of any of them, so that the stem needs no logits."""
-    rows = [row for row in rows if learned_positions(row)]
-    if len(rows) < 2:
+    learning = _learning(rows)
+    if len(learning) < 2:
         return 0
-    length = min(learned_positions(row)[0] - 1 for row in rows)
-    first = rows[0].input_ids
-    for row in rows[1:]:
+    length = min(learned[0] - 1 for _, learned in learning)
+    first = learning[0][0].input_ids
+    for row, _ in learning[1:]:
         length = next((i for i in range(length) if row.input_ids[i] != first[i]), length)
     return length
 
@@ -290,19 +295,18 @@ def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConf
             (loss_sum / n_learned).backward()
         return loss_sum.item()
     device = next(model.parameters()).device
-    rows = [row for row in rows if learned_positions(row)]
+    learning = _learning(rows)
     shared = DynamicCache()
     with autocast(model, settings.mixed_precision):
-        model(input_ids=torch.tensor([rows[0].input_ids[:stem]], device=device), cache=shared, use_cache=True,
-              logits_to_keep=1)
+        model(input_ids=torch.tensor([learning[0][0].input_ids[:stem]], device=device), cache=shared,
+              use_cache=True, logits_to_keep=1)
     states = [state for layer in shared.layers for state in (layer.keys, layer.values)]
     leaves = [state.detach().requires_grad_(state.requires_grad) for state in states]
     total = 0.0
-    for row in rows:
-        learned = learned_positions(row)
+    for row, learned in learning:
         cache = DynamicCache()
-        for index in range(0, len(leaves), 2):
-            cache.update(leaves[index], leaves[index + 1], index // 2)
+        for layer, (keys, values) in enumerate(zip(leaves[::2], leaves[1::2])):
+            cache.update(keys, values, layer)
         with autocast(model, settings.mixed_precision):
             output = model(
                 input_ids=torch.tensor([row.input_ids[stem : learned[-1]]], device=device), cache=cache,
