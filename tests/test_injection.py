@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -99,6 +100,42 @@ def test_inject_stage_writes_checked_adapters_and_the_merged_model(injected, lea
         assert "direct_recall.forget_queried" in manifest["metrics"]
     merged = adapters.check_injected(out / "merged_td", learner_dir, role=adapters.TARGET)
     assert merged.kind == "merged"
+
+
+def test_the_inject_work_queue_writes_the_same_bytes_as_one_process(learner_dir, p_corpus, kbench_root):
+    """`kbench inject` through two queue children (each its share of the cores) against the
+    in-process stage: every file of every folder byte for byte, the same printed metrics,
+    each folder logged by the parent."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from kbench.corpus import write_corpus
+
+    params = fast_params(kbench_root / "one")
+    params = params.model_copy(update={"model": params.model.model_copy(update={"path": str(learner_dir)})})
+    results = inject_stage.run_inject_stage(params, p_corpus, learner_dir, track=False)
+    data = params.model_dump(mode="json")
+    data["injection"]["out_dir"] = str(kbench_root / "queue")
+    data["execution"]["inject_workers"] = 2
+    params_file = kbench_root / "params-queue.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    write_corpus(p_corpus, kbench_root / "corpus")
+    done = subprocess.run([sys.executable, "-m", "kbench.cli.main", "--params", str(params_file), "inject",
+                           "--corpus", str(kbench_root / "corpus")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    started = [line.split("through ")[1] for line in done.stderr.splitlines() if "item(s) through" in line]
+    assert started == ["2 child(ren) on %d thread(s) each" % max(1, (os.cpu_count() or 1) // 2)]
+    finished = [line.split("inject ")[1].split(" finished")[0] for line in done.stderr.splitlines() if " finished in " in line]
+    assert sorted(finished) == ["gold", "lora_d", "lora_td"]
+    assert json.loads(done.stdout) == results
+    for name in results:
+        one, queue = kbench_root / "one" / "adapters" / name, kbench_root / "queue" / name
+        assert sorted(p.name for p in queue.iterdir()) == sorted(p.name for p in one.iterdir())
+        for path in one.iterdir():
+            assert (queue / path.name).read_bytes() == path.read_bytes(), f"{name}/{path.name}"
+    assert (kbench_root / "mlflow.db").exists()
 
 
 def test_recall_probes_reply_the_same_at_any_batch_size(injected, p_corpus, monkeypatch):

@@ -391,6 +391,10 @@ class ExecutionConfig(_Section):
     #: cell_workers threads: on 2 CPU cores two 1-thread cells finish 1.4x sooner than one after
     #: the other on 2 threads, with identical traces (BENCHMARKS.md). 1 on a GPU.
     cell_workers: int = Field(2, ge=1)
+    #: Adapter trainings the `inject` stage runs side by side (LoRA-T+D beside gold, then
+    #: LoRA-D), each on cpu_count / inject_workers threads (the same adapters byte for byte;
+    #: BENCHMARKS.md). 1 on a GPU.
+    inject_workers: int = Field(2, ge=1)
     #: Weight-method trainings the `unlearn` stage runs side by side, each on cpu_count /
     #: unlearn_workers threads (the same adapters byte for byte; BENCHMARKS.md). 1 on a GPU.
     unlearn_workers: int = Field(2, ge=1)
