@@ -157,6 +157,28 @@ def test_micro_batches_accumulate_to_the_full_batch(tiny_model_dir):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
+def test_helper_processes_train_the_adapter_of_one_process(learner_dir):  # noqa: F811
+    """Each step's micro-batches split between this process and one or two helper processes
+    (each on its own thread) give the single process's losses and adapter in every bit."""
+    import functools
+
+    from kbench.backends.hf import load_weights
+    from kbench.config import ModelConfig
+
+    threads = torch.get_num_threads()
+    loader = functools.partial(load_weights, ModelConfig(path=str(learner_dir), device="cpu"))
+    # float32 (where the order of a sum shows in its last bits) and the recipe's bf16 autocast
+    for precision, helper_counts in (("no", (1, 2)), ("bf16", (1,))):
+        settings = _settings(steps=3, epochs=None, micro_batch_size=1, mixed_precision=precision)
+        one = train_lora(loader(), _examples(learner_dir), settings)
+        for helpers in helper_counts:  # 4 micro-batches a step (then 2): shares of 2 + 2, then 2 + 1 + 1
+            split = train_lora(loader(), _examples(learner_dir), settings, helpers=helpers, loader=loader)
+            assert split.step_losses == one.step_losses
+            a, b = _adapter_weights(one.model), _adapter_weights(split.model)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.get_num_threads() == threads  # the caller's thread count is back
+
+
 def test_training_is_seeded_and_lowers_the_loss(learner_dir):  # noqa: F811
     settings = _settings(epochs=15)
     first = train_lora(_model(learner_dir), _examples(learner_dir), settings)

@@ -391,6 +391,11 @@ class ExecutionConfig(_Section):
     #: cell_workers threads: on 2 CPU cores two 1-thread cells finish 1.4x sooner than one after
     #: the other on 2 threads, with identical traces (BENCHMARKS.md). 1 on a GPU.
     cell_workers: int = Field(2, ge=1)
+    #: Processes the agent base's LoRA training splits each step's micro-batches between (this
+    #: one and agent_base_workers - 1 helpers), each on cpu_count / agent_base_workers threads;
+    #: the gradients are summed in one process's order, so the same agent base byte for byte
+    #: (docs/agent.md). 1 on a GPU.
+    agent_base_workers: int = Field(2, ge=1)
     #: Adapter trainings the `inject` stage runs side by side (LoRA-T+D beside gold, then
     #: LoRA-D), each on cpu_count / inject_workers threads (the same adapters byte for byte;
     #: BENCHMARKS.md). 1 on a GPU.

@@ -84,6 +84,12 @@ def load_model(config: ModelConfig, path: str | Path | None = None) -> tuple[Any
     return model.to(resolve_device(config.device)).eval(), tokenizer
 
 
+def load_weights(config: ModelConfig, path: str | Path | None = None) -> Any:
+    """The model of `load_model` alone: `functools.partial(load_weights, config)` is a picklable
+    loader for a process that needs the same weights (`train_lora(loader=)`)."""
+    return load_model(config, path)[0]
+
+
 def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
     """Token ids that end an assistant turn: the configured EOS ids and known end-of-turn markers."""
     ids = set()

@@ -15,6 +15,7 @@ verifying the value) and answer from it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import tempfile
@@ -27,7 +28,7 @@ from kbench.agent import ReActAgent
 from kbench.agent.prompts import observation_turn, react_conversation
 from kbench.agent.tools import ToolContext, call_tool
 from kbench.backends import Conversation, Message, build_backend
-from kbench.backends.hf import check_model_folder, load_model
+from kbench.backends.hf import check_model_folder, load_model, load_weights
 from kbench.config import AgentBaseConfig, ModelConfig, Params
 from kbench.corpus import FORGET_ADAPTER, FORGET_EVAL, RETAIN_ADAPTER, RETAIN_EVAL, Corpus, make_entities
 from kbench.methods import MethodContext, build_method
@@ -148,10 +149,12 @@ def _queries(people: list[Entity], rng: random.Random, per_person: int) -> list[
 
 
 # -- training --------------------------------------------------------------------------------
-def _train(model, tokenizer, transcripts: list[Conversation], config: AgentBaseConfig):
-    """LoRA-tune on the transcripts' assistant turns (kbench.parametric.lora), then merge the adapter."""
+def _train(model, tokenizer, transcripts: list[Conversation], config: AgentBaseConfig, *, workers: int = 1,
+           loader=None):
+    """LoRA-tune on the transcripts' assistant turns (kbench.parametric.lora), each step split
+    between `workers` processes (`loader` gives the others the same model), then merge the adapter."""
     examples = [tokenize_chat(tokenizer, t, config.lora.max_length) for t in transcripts]
-    run = train_lora(model, examples, config.lora)
+    run = train_lora(model, examples, config.lora, helpers=workers - 1, loader=loader)
     return run.model.merge_and_unload(), run.step_losses
 
 
@@ -234,7 +237,8 @@ def train_agent_base(params: Params, corpus: Corpus, out_dir: str | Path) -> dic
             if config.evaluate_base else None
         )
         model, tokenizer = load_model(params.model)
-        merged, losses = _train(model, tokenizer, data.transcripts, config)
+        merged, losses = _train(model, tokenizer, data.transcripts, config, workers=params.execution.agent_base_workers,
+                                loader=functools.partial(load_weights, params.model))
         with io.atomic_dir(out_dir) as partial:
             merged.save_pretrained(partial)
             tokenizer.save_pretrained(partial)

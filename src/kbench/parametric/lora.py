@@ -11,6 +11,11 @@ each example alone (tests/test_lora.py checks both to 1e-9 in float64). With `pa
 the prefix all examples of a micro-batch share runs once and each example's rest runs after it
 in its own causal pass (`micro_batch_backward`): no tree mask, for long examples.
 
+Processes: with `helpers` (a loader of the same model), each step's micro-batches are split
+between this process and that many spawned helper processes, each on its share of the cores;
+every micro-batch's gradient is computed alone and the gradients are summed in the order one
+process would have accumulated them, so the adapter is the same bytes (`_StepHelpers`).
+
 Memory: a causal LM's full logits are length x vocabulary floats (SmolLM2's 49k vocabulary at
 8 x 1024 tokens is 1.6 GB, several times over once softmax and gradients are kept). The loss
 asks the model for the logits of the nodes that predict a learned token only (`logits_to_keep`)
@@ -22,10 +27,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import pickle
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -349,18 +359,147 @@ def _use_attention(model: Any, attention: str) -> None:
         model.set_attn_implementation(attention)
 
 
+def _one_backward(model: Any, trainable: Sequence[torch.nn.Parameter], rows: Sequence[Example],
+                  settings: LoraConfig, n_learned: int) -> tuple[float, list[torch.Tensor | None]]:
+    """One micro-batch's loss sum and its own gradient of every trainable tensor (none accumulated)."""
+    for parameter in trainable:
+        parameter.grad = None
+    loss = micro_batch_backward(model, rows, settings, n_learned)
+    return loss, [parameter.grad for parameter in trainable]
+
+
+def _send(connection: Connection, message: Any) -> None:
+    """Plain pickles (tensors by value): torch's shared-memory pickling needs multiprocessing's
+    own processes, and a helper is not one."""
+    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _receive(connection: Connection) -> Any:
+    return pickle.loads(connection.recv_bytes())
+
+
+def _helper_main(read_fd: int, write_fd: int) -> None:
+    """A helper process (`python -c` of `_StepHelpers`): the same model and adapter layout; for
+    each (weights, micro-batches, n_learned) it receives, the micro-batches' losses and
+    gradients, one by one; None ends it. Messages are pickles on its own two pipes."""
+    import peft
+
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    loader, lora, settings, threads = _receive(inbox)
+    torch.set_num_threads(threads)
+    model = loader()
+    peft_model = peft.get_peft_model(model, lora)
+    peft_model.train()
+    _use_attention(model, settings.attention or model.config._attn_implementation)
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    while (message := _receive(inbox)) is not None:
+        weights, parts, n_learned = message
+        with torch.no_grad():
+            for parameter, weight in zip(trainable, weights):
+                parameter.copy_(weight)
+        _send(outbox, [_one_backward(peft_model, trainable, rows, settings, n_learned) for rows in parts])
+
+
+class _StepHelpers:
+    """Helper processes that compute some of each step's micro-batches (`train_lora(helpers=)`).
+
+    A step's micro-batches are cut into contiguous shares, this process's first; each helper
+    gets the adapter's current weights and its share, and returns each micro-batch's loss sum and
+    gradient. The gradients are then summed micro-batch by micro-batch in order, exactly as one
+    process's backward passes accumulate them, so the step is the same in every bit provided a
+    micro-batch's gradient does not depend on the thread count (checked in tests/test_lora.py and
+    BENCHMARKS.md). A helper is a plain `python -c` child (not multiprocessing, which would
+    re-run a pipeline script as its main module) talking over two pipes of its own."""
+
+    def __init__(self, count: int, loader: Callable[[], Any], lora: Any, settings: LoraConfig, threads: int) -> None:
+        self.settings, self.links, self.processes = settings, [], []
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        for _ in range(count):
+            to_child, from_parent = os.pipe()
+            to_parent, from_child = os.pipe()
+            code = f"from kbench.parametric.lora import _helper_main; _helper_main({to_child}, {from_child})"
+            process = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(to_child, from_child))
+            os.close(to_child)
+            os.close(from_child)
+            outbox, inbox = Connection(from_parent, readable=False), Connection(to_parent, writable=False)
+            _send(outbox, (loader, lora, settings, threads))
+            self.links.append((outbox, inbox))
+            self.processes.append(process)
+
+    def step(self, model: Any, trainable: Sequence[torch.nn.Parameter], parts: list[list[Example]],
+             n_learned: int) -> float:
+        """Forward and backward of all `parts`, their gradients accumulated in `trainable` in order."""
+        shares = _shares(parts, 1 + len(self.links))
+        weights = [parameter.detach() for parameter in trainable]
+        try:
+            for (outbox, _), share in zip(self.links, shares[1:]):
+                _send(outbox, (weights, share, n_learned))
+            results = [_one_backward(model, trainable, rows, self.settings, n_learned) for rows in shares[0]]
+            for _, inbox in self.links:
+                results += _receive(inbox)
+        except (EOFError, BrokenPipeError):
+            raise LoraError("a LoRA helper process exited during a step (its error is above)") from None
+        for parameter in trainable:
+            parameter.grad = None
+        total = 0.0
+        for loss, grads in results:
+            total += loss
+            for parameter, grad in zip(trainable, grads):
+                if grad is None:
+                    continue
+                if parameter.grad is None:
+                    parameter.grad = grad
+                else:
+                    parameter.grad.add_(grad)
+        return total
+
+    def close(self) -> None:
+        """End every helper (None on its pipe), then wait for it; one that does not end is killed."""
+        for outbox, inbox in self.links:
+            try:
+                _send(outbox, None)
+            except OSError:
+                pass
+            outbox.close()
+            inbox.close()
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _shares(parts: list[list[Example]], count: int) -> list[list[list[Example]]]:
+    """`parts` cut into `count` contiguous shares, the larger ones first (4 into 2: 2 + 2; 5: 3 + 2)."""
+    size, extra = divmod(len(parts), count)
+    shares, start = [], 0
+    for index in range(count):
+        stop = start + size + (index < extra)
+        shares.append(parts[start:stop])
+        start = stop
+    return shares
+
+
 def train_lora(
     model: Any,
     examples: Sequence[Example],
     settings: LoraConfig,
     *,
     on_epoch: EpochCallback | None = None,
+    helpers: int = 0,
+    loader: Callable[[], Any] | None = None,
 ) -> LoraRun:
     """Wrap `model` in a fresh LoRA adapter and train it on `examples` (AdamW, `lr_schedule`).
 
     Each step's loss is the mean cross-entropy over the learned tokens of its batch, whatever
     the micro-batching. Seeded: the adapter's initialisation and the example order follow
     `settings.seed`, so the same inputs give the same adapter.
+
+    `helpers` > 0 with `loader` (a picklable function returning `model`'s weights afresh) splits
+    each step's micro-batches between this process and that many helper processes, each on
+    cpu_count / (helpers + 1) threads, with the same adapter as a single process (`_StepHelpers`);
+    only on CPU and without dropout (whose random masks would differ between processes).
     """
     import peft
 
@@ -385,6 +524,14 @@ def train_lora(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
     run = LoraRun(model=peft_model)
     epoch_start = 0
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    step_helpers = None
+    threads = torch.get_num_threads()
+    if helpers > 0 and loader is not None and settings.dropout == 0.0 and next(model.parameters()).device.type == "cpu":
+        share = max(1, (os.cpu_count() or 1) // (helpers + 1))
+        step_helpers = _StepHelpers(helpers, loader, lora, settings, share)
+        torch.set_num_threads(share)
+        log.info("LoRA steps split between this process and %d helper(s), %d thread(s) each", helpers, share)
 
     def close_epoch(epoch: int) -> None:
         nonlocal epoch_start
@@ -408,9 +555,13 @@ def train_lora(
                 current_epoch = epoch
             rows = [examples[i] for i in indices]
             n_learned = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
-            total = 0.0
-            for micro_batch in micro_batches(rows, settings.micro_batch_size):
-                total += micro_batch_backward(peft_model, micro_batch, settings, max(n_learned, 1))
+            parts = micro_batches(rows, settings.micro_batch_size)
+            if step_helpers is not None and len(parts) > 1:
+                total = step_helpers.step(peft_model, trainable, parts, max(n_learned, 1))
+            else:
+                total = 0.0
+                for micro_batch in parts:
+                    total += micro_batch_backward(peft_model, micro_batch, settings, max(n_learned, 1))
             run.step_learning_rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             scheduler.step()
@@ -422,5 +573,8 @@ def train_lora(
     finally:
         # The caller's model gets its own kernel back, also when a step or `on_epoch` raises.
         _use_attention(model, own_attention)
+        if step_helpers is not None:
+            step_helpers.close()
+            torch.set_num_threads(threads)
     peft_model.eval()
     return run
