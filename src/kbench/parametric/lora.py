@@ -42,6 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from kbench.config import LoraConfig, MixedPrecision
+from kbench.stages.workers import child_env, worker_threads
 
 log = logging.getLogger(__name__)
 
@@ -385,8 +386,7 @@ def _helper_main(read_fd: int, write_fd: int) -> None:
     import peft
 
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    loader, lora, settings, threads = _receive(inbox)
-    torch.set_num_threads(threads)
+    loader, lora, settings = _receive(inbox)  # its thread count is its environment's (`child_env`)
     model = loader()
     peft_model = peft.get_peft_model(model, lora)
     peft_model.train()
@@ -411,9 +411,9 @@ class _StepHelpers:
     BENCHMARKS.md). A helper is a plain `python -c` child (not multiprocessing, which would
     re-run a pipeline script as its main module) talking over two pipes of its own."""
 
-    def __init__(self, count: int, loader: Callable[[], Any], lora: Any, settings: LoraConfig, threads: int) -> None:
+    def __init__(self, count: int, loader: Callable[[], Any], lora: Any, settings: LoraConfig) -> None:
         self.settings, self.links, self.processes = settings, [], []
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        env = child_env(count + 1)
         for _ in range(count):
             to_child, from_parent = os.pipe()
             to_parent, from_child = os.pipe()
@@ -422,7 +422,7 @@ class _StepHelpers:
             os.close(to_child)
             os.close(from_child)
             outbox, inbox = Connection(from_parent, readable=False), Connection(to_parent, writable=False)
-            _send(outbox, (loader, lora, settings, threads))
+            _send(outbox, (loader, lora, settings))
             self.links.append((outbox, inbox))
             self.processes.append(process)
 
@@ -517,19 +517,19 @@ def train_lora(
     )
     peft_model = peft.get_peft_model(model, lora)
     peft_model.train()
-    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=settings.learning_rate)
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
     n_steps = total_steps(len(examples), settings)
     # Step s (from 0) runs at (1 - s / n_steps) x the rate: the last step still learns something.
     decay = (lambda step: 1.0 - step / n_steps) if settings.lr_schedule == "linear" else (lambda step: 1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
     run = LoraRun(model=peft_model)
     epoch_start = 0
-    trainable = [p for p in peft_model.parameters() if p.requires_grad]
     step_helpers = None
     threads = torch.get_num_threads()
     if helpers > 0 and loader is not None and settings.dropout == 0.0 and next(model.parameters()).device.type == "cpu":
-        share = max(1, (os.cpu_count() or 1) // (helpers + 1))
-        step_helpers = _StepHelpers(helpers, loader, lora, settings, share)
+        share = worker_threads(helpers + 1)
+        step_helpers = _StepHelpers(helpers, loader, lora, settings)
         torch.set_num_threads(share)
         log.info("LoRA steps split between this process and %d helper(s), %d thread(s) each", helpers, share)
 

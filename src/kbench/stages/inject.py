@@ -44,6 +44,8 @@ COMMAND = "inject"
 
 #: The trainings of the stage, in the order one process runs them.
 ROLES = (TARGET, DISTRACTOR, GOLD)
+#: Each training's role by its folder name, the name a queue child is handed.
+ROLE_OF = {ADAPTER_DIRS[role]: role for role in ROLES}
 
 
 def _record(
@@ -124,12 +126,11 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
             results.update(inject_one(params, corpus, base_dir, role, track=track))
         return results
     sizes = {role: len(entities) for role, entities in training_entities(corpus, params).items()}
-    by_name = {ADAPTER_DIRS[role]: role for role in ROLES}
 
     def logged(item: str, seconds: float) -> None:
         log.info("inject %s finished in %.0f s", item, seconds)
         if track:
-            for name in _folders(by_name[item]):
+            for name in _folders(ROLE_OF[item]):
                 tracking.log_output(params, Path(params.injection.out_dir) / name)
 
     order = sorted(ROLES, key=lambda role: -sizes[role])  # stable: ties keep ROLES' order
@@ -145,8 +146,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
 def serve_inject_queue(params: Params, corpus: Corpus, base_dir: Path) -> None:
     """The `kbench inject --queue` child: train each adapter named on stdin ("lora_td",
     "lora_d", "gold"), in turn in this process (untracked: the parent logs)."""
-    by_name = {ADAPTER_DIRS[role]: role for role in ROLES}
-    serve_queue(lambda name: inject_one(params, corpus, base_dir, by_name[name], track=False))
+    serve_queue(lambda name: inject_one(params, corpus, base_dir, ROLE_OF[name], track=False))
 
 
 def _child_command(args: argparse.Namespace) -> list[str]:

@@ -15,9 +15,15 @@ from collections.abc import Callable, Sequence
 log = logging.getLogger(__name__)
 
 
-def _child_env(workers: int) -> dict[str, str]:
-    """The environment of one of `workers` children: its share of the cores as its thread count."""
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
+def worker_threads(workers: int) -> int:
+    """One of `workers` processes' share of the cores: its thread count."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def child_env(workers: int) -> dict[str, str]:
+    """The environment of one of `workers` children: its share of the cores as its thread count
+    (torch reads it when it starts)."""
+    threads = str(worker_threads(workers))
     return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
@@ -52,7 +58,7 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
     failures as "item (exit N)"; a failed or interrupted stage never leaves a child running."""
     todo = list(items)
     workers = max(1, min(workers, len(todo)))
-    env = _child_env(workers)
+    env = child_env(workers)
     log.info("%d item(s) through %d child(ren) on %s thread(s) each", len(todo), workers, env["OMP_NUM_THREADS"])
     children = [subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                 for _ in range(workers)]
