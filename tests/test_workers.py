@@ -1,11 +1,13 @@
 """The stage work queue: children take items until the queue is empty; a child that dies fails
-its item only; items no child could take are reported."""
+its item only; items no child could take are reported; the last child working is handed every
+core only when it asked for that."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
-from kbench.stages.workers import QUEUE_DONE, run_queue
+from kbench.stages.workers import QUEUE_DONE, run_queue, worker_threads
 
 CHILD = (
     "import sys\n"
@@ -29,3 +31,43 @@ def test_the_queue_goes_on_past_a_child_that_dies(capsys):
 def test_items_no_child_could_take_are_reported():
     failed = run_queue([sys.executable, "-c", "raise SystemExit(1)"], ["x", "y", "z"], 2, lambda *a: None)
     assert sorted(failed) == ["x (exit 1)", "y (exit 1)", "z (not run: every child had exited)"]
+
+
+def _threads_child(widen: bool) -> str:
+    """A queue child: "fast" returns at once; "slow" waits (at most 60 s) for its torch thread
+    count to differ from the one the child started with, then prints both."""
+    return (
+        "import sys, time, torch\n"
+        "from kbench.stages.workers import serve_queue\n"
+        "start = torch.get_num_threads()\n"  # before the handler exists: the share it was started with
+        "def handle(item):\n"
+        "    deadline = time.monotonic() + (60 if item == 'slow' else 0)\n"
+        "    while torch.get_num_threads() == start and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
+        "    print('threads', item, start, torch.get_num_threads(), flush=True)\n"
+        f"serve_queue(handle, widen={widen})\n"
+    )
+
+
+def _threads(out: str, item: str) -> tuple[int, int]:
+    line = next(line for line in out.splitlines() if line.startswith(f"threads {item} "))
+    return int(line.split()[2]), int(line.split()[3])
+
+
+def test_the_last_child_working_is_handed_every_core(capsys, caplog):
+    """Once "fast" is done and the queue is empty, the child still on "slow" gets every core."""
+    caplog.set_level(logging.INFO, logger="kbench.stages.workers")
+    failed = run_queue([sys.executable, "-c", _threads_child(True)], ["slow", "fast"], 2, lambda *a: None)
+    assert failed == []
+    assert _threads(capsys.readouterr().out, "slow") == (worker_threads(2), worker_threads(1))
+    assert "one child left working (slow): every core handed to it" in caplog.text
+
+
+def test_a_child_that_did_not_ask_is_never_signalled(capsys, caplog):
+    """A child without `widen` keeps its share (the signal would have ended it: the item would fail)."""
+    caplog.set_level(logging.INFO, logger="kbench.stages.workers")
+    child = _threads_child(False).replace("60 if", "2 if")
+    failed = run_queue([sys.executable, "-c", child], ["slow", "fast"], 2, lambda *a: None)
+    assert failed == []
+    assert _threads(capsys.readouterr().out, "slow") == (worker_threads(2), worker_threads(2))
+    assert "every core handed" not in caplog.text

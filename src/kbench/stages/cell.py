@@ -400,7 +400,7 @@ def cmd_cell(args: argparse.Namespace) -> int:
             run_methods(params, argparse.Namespace(**{**vars(args), "substrate": substrate, "seed": int(seed)}),
                         Path(args.out_root), [method])
 
-        serve_queue(run_item)
+        serve_queue(run_item, widen=True)  # traces do not depend on the thread count
         return 0
     if args.substrate is None or args.seed is None:
         raise ValueError("kbench cell needs --substrate and --seed (or --controls)")

@@ -146,7 +146,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
 def serve_inject_queue(params: Params, corpus: Corpus, base_dir: Path) -> None:
     """The `kbench inject --queue` child: train each adapter named on stdin ("lora_td",
     "lora_d", "gold"), in turn in this process (untracked: the parent logs)."""
-    serve_queue(lambda name: inject_one(params, corpus, base_dir, ROLE_OF[name], track=False))
+    serve_queue(lambda name: inject_one(params, corpus, base_dir, ROLE_OF[name], track=False), widen=True)
 
 
 def _child_command(args: argparse.Namespace) -> list[str]:

@@ -297,7 +297,7 @@ def serve_unlearn_queue(params: Params, corpus: Corpus) -> None:
                   digest=_inputs_digest(params, name, recipe, source_hash, corpus_fingerprint), track=False,
                   caches=caches)
 
-    serve_queue(train)
+    serve_queue(train, widen=True)  # adapters do not depend on the thread count
 
 
 def _child_command(args: argparse.Namespace) -> list[str]:

@@ -1,12 +1,15 @@
 """Stage work side by side: child `kbench` processes, `workers` at a time, each on its share of
 the cores (`execution.*`). A stage's outputs do not depend on the thread count (tests/test_methods.py,
-tests/test_unlearning.py), so this changes wall time only."""
+tests/test_unlearning.py), so this changes wall time only. Once the queue is empty and one child
+is left working, it is handed every core (`serve_queue(widen=True)`), so no core idles behind
+the last item."""
 
 from __future__ import annotations
 
 import logging
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -38,11 +41,28 @@ def _stop(children: Sequence[subprocess.Popen]) -> None:
 
 #: What a queue child prints on its stdout after each item it finished (`run_queue`).
 QUEUE_DONE = "kbench-queue-done"
+#: What a queue child prints once it may be handed every core (`serve_queue(widen=True)`).
+QUEUE_WIDEN = "kbench-queue-widen"
+#: The signal that hands the last working child every core.
+WIDEN_SIGNAL = signal.SIGUSR1
 
 
-def serve_queue(handle: Callable[[str], None]) -> None:
+def _use_every_core(signum: int, frame: object) -> None:
+    """A widened child's signal handler: torch on every core from its next operation (Python
+    runs it in the main thread between operations, never inside one)."""
+    import torch  # heavy; the child's stage has loaded it already
+
+    torch.set_num_threads(worker_threads(1))
+
+
+def serve_queue(handle: Callable[[str], None], *, widen: bool = False) -> None:
     """The child side of `run_queue`: `handle` each item read from stdin, one per line, and
-    print the marker after each so the parent hands over the next."""
+    print the marker after each so the parent hands over the next. `widen`: the child's work
+    gives the same bytes on any thread count, so the parent may hand it every core once it is
+    the last one working (a stage whose results depend on the thread count leaves it off)."""
+    if widen:
+        signal.signal(WIDEN_SIGNAL, _use_every_core)
+        print(QUEUE_WIDEN, flush=True)  # only now may the parent signal: the handler is in place
     for line in sys.stdin:
         item = line.strip()
         handle(item)
@@ -54,8 +74,10 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
     """Run `items` through `workers` long-lived children of `command`, a work queue: each child
     reads one item per line on its stdin, prints `QUEUE_DONE <item>` when it is finished and
     gets the next, so no child idles while another has a queue (fixed shares left one idle
-    behind a slow item). `on_done(item, seconds)` runs in this process after each. Returns the
-    failures as "item (exit N)"; a failed or interrupted stage never leaves a child running."""
+    behind a slow item). Once the queue is empty and a single child is left working, it gets
+    every core if it announced `QUEUE_WIDEN`. `on_done(item, seconds)` runs in this process
+    after each. Returns the failures as "item (exit N)"; a failed or interrupted stage never
+    leaves a child running."""
     todo = list(items)
     workers = max(1, min(workers, len(todo)))
     env = child_env(workers)
@@ -64,7 +86,17 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
                 for _ in range(workers)]
     current: dict[subprocess.Popen, tuple[str, float]] = {}
     pending: dict[subprocess.Popen, bytes] = {child: b"" for child in children}
+    widenable: set[subprocess.Popen] = set()  # children whose handler is in place, not yet widened
     failed = []
+
+    def widen_last() -> None:
+        """Hand every core to the one child still working once the queue is empty."""
+        if not todo and len(current) == 1 and workers > 1:
+            (child,) = current
+            if child in widenable and child.poll() is None:
+                widenable.discard(child)
+                child.send_signal(WIDEN_SIGNAL)
+                log.info("one child left working (%s): every core handed to it", current[child][0])
 
     def feed(child: subprocess.Popen) -> None:
         try:
@@ -84,6 +116,10 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
             item, started = current[child]
             on_done(item, time.perf_counter() - started)
             feed(child)
+            widen_last()
+        elif line == QUEUE_WIDEN:
+            widenable.add(child)
+            widen_last()
         else:
             print(line, flush=True)  # the child's own output, passed through
 
@@ -105,6 +141,7 @@ def run_queue(command: list[str], items: Sequence[str], workers: int,
                         handle(child, pending[child].decode(errors="replace"))
                     if child in current:
                         failed.append(f"{current.pop(child)[0]} (exit {code})")
+                        widen_last()
                     continue
                 *lines, pending[child] = (pending[child] + data).split(b"\n")
                 for line in lines:
