@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from kbench.stages.workers import QUEUE_DONE, run_queue, worker_threads
+from kbench.workers import QUEUE_DONE, run_queue, worker_threads
 
 CHILD = (
     "import sys\n"
@@ -34,18 +34,23 @@ def test_items_no_child_could_take_are_reported():
 
 
 def _threads_child(widen: bool) -> str:
-    """A queue child: "fast" returns at once; "slow" waits (at most 60 s) for its torch thread
-    count to differ from the one the child started with, then prints both."""
+    """A queue child: "fast" returns at once; "slow" waits (at most 60 s) for its widening
+    handler to have run, then prints the thread count it started with and the one it has."""
     return (
         "import sys, time, torch\n"
-        "from kbench.stages.workers import serve_queue\n"
+        "from kbench import workers\n"
         "start = torch.get_num_threads()\n"  # before the handler exists: the share it was started with
+        "widened = []\n"
+        "def use_every_core(signum, frame):\n"  # the stage's handler, then a mark (on 1 core no count moves)
+        "    own(signum, frame)\n"
+        "    widened.append(signum)\n"
+        "own, workers._use_every_core = workers._use_every_core, use_every_core\n"
         "def handle(item):\n"
         "    deadline = time.monotonic() + (60 if item == 'slow' else 0)\n"
-        "    while torch.get_num_threads() == start and time.monotonic() < deadline:\n"
+        "    while not widened and time.monotonic() < deadline:\n"
         "        time.sleep(0.05)\n"
         "    print('threads', item, start, torch.get_num_threads(), flush=True)\n"
-        f"serve_queue(handle, widen={widen})\n"
+        f"workers.serve_queue(handle, widen={widen})\n"
     )
 
 
@@ -56,7 +61,7 @@ def _threads(out: str, item: str) -> tuple[int, int]:
 
 def test_the_last_child_working_is_handed_every_core(capsys, caplog):
     """Once "fast" is done and the queue is empty, the child still on "slow" gets every core."""
-    caplog.set_level(logging.INFO, logger="kbench.stages.workers")
+    caplog.set_level(logging.INFO, logger="kbench.workers")
     failed = run_queue([sys.executable, "-c", _threads_child(True)], ["slow", "fast"], 2, lambda *a: None)
     assert failed == []
     assert _threads(capsys.readouterr().out, "slow") == (worker_threads(2), worker_threads(1))
@@ -65,7 +70,7 @@ def test_the_last_child_working_is_handed_every_core(capsys, caplog):
 
 def test_a_child_that_did_not_ask_is_never_signalled(capsys, caplog):
     """A child without `widen` keeps its share (the signal would have ended it: the item would fail)."""
-    caplog.set_level(logging.INFO, logger="kbench.stages.workers")
+    caplog.set_level(logging.INFO, logger="kbench.workers")
     child = _threads_child(False).replace("60 if", "2 if")
     failed = run_queue([sys.executable, "-c", child], ["slow", "fast"], 2, lambda *a: None)
     assert failed == []

@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from kbench.config import LoraConfig, MixedPrecision
-from kbench.stages.workers import child_env, worker_threads
+from kbench.workers import child_env, worker_threads
 
 log = logging.getLogger(__name__)
 

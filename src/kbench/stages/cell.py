@@ -41,8 +41,8 @@ from kbench.parametric.unlearning import check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
-from kbench.stages.workers import run_queue, serve_queue
 from kbench.substrates import substrate_class
+from kbench.workers import run_queue, serve_queue
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.parametric.injection import train_injection, training_entities
 from kbench.parametric.recall import probe_groups, recall_metrics
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.stages.workers import run_queue, serve_queue
+from kbench.workers import run_queue, serve_queue
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
 
     With `workers` > 1 and `child_command` (a `kbench inject --queue` command) the three
     trainings go through that many children from a work queue, the one with the most entities
-    first (`kbench.stages.workers.run_queue`); this process logs each folder to MLflow. The
+    first (`kbench.workers.run_queue`); this process logs each folder to MLflow. The
     adapters do not depend on the thread count (tests/test_injection.py)."""
     Path(params.injection.out_dir).mkdir(parents=True, exist_ok=True)
     if workers <= 1 or child_command is None:

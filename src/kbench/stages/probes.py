@@ -52,7 +52,7 @@ from kbench.probes.run import ProbeRunner, run_probes
 from kbench.probes.summary import clean_verdicts, scores
 from kbench.stages.cell import CellSpec, Deployment, deployment
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.stages.workers import run_queue, serve_queue
+from kbench.workers import run_queue, serve_queue
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def run_probes_stage(params: Params, corpus: Corpus, *, track: bool = True, only
     """Probe every model of the design (or `only` those keys), keeping finished ones, then
     write summary.json. With `child_command` (a `kbench probes --queue` command) and
     `execution.probe_workers` > 1, the models run through that many child processes, a work
-    queue (`kbench.stages.workers.run_queue`); this process logs each to MLflow."""
+    queue (`kbench.workers.run_queue`); this process logs each to MLflow."""
     out_root = Path(params.probes.out_dir)
     out_root.mkdir(parents=True, exist_ok=True)
     models = probed_models(params)

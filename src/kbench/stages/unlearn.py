@@ -63,7 +63,7 @@ from kbench.parametric.unlearning import (
 )
 from kbench.records import FORGET
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.stages.workers import run_queue, serve_queue
+from kbench.workers import run_queue, serve_queue
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
     """Train every weight method of the design on every P recipe, or only `runs` ((method,
     recipe) pairs), resuming finished ones. With `workers` > 1 and `child_command` (a `kbench
     unlearn --queue` command) the runs go through that many children from a work queue
-    (`kbench.stages.workers.run_queue`); this process logs each to MLflow."""
+    (`kbench.workers.run_queue`); this process logs each to MLflow."""
     names = weight_methods(params)
     grid = [(name, recipe) for recipe in params.p_recipes for name in names]
     if runs is not None:

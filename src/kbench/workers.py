@@ -1,8 +1,10 @@
-"""Stage work side by side: child `kbench` processes, `workers` at a time, each on its share of
-the cores (`execution.*`). A stage's outputs do not depend on the thread count (tests/test_methods.py,
-tests/test_unlearning.py), so this changes wall time only. Once the queue is empty and one child
-is left working, it is handed every core (`serve_queue(widen=True)`), so no core idles behind
-the last item."""
+"""Work side by side: child processes, `workers` at a time, each on its share of the cores
+(`execution.*`): the stages' work queues and the LoRA trainer's step helpers. The cell, inject
+and unlearn outputs do not depend on the thread count (tests/test_methods.py,
+tests/test_unlearning.py, tests/test_lora.py), so for them this changes wall time only, and once
+the queue is empty the one child still working is handed every core (`serve_queue(widen=True)`).
+The probes' last float bits do follow the thread count, so their children run on one thread
+each and are never widened (docs/probes.md)."""
 
 from __future__ import annotations
 
