@@ -369,6 +369,16 @@ def _one_backward(model: Any, trainable: Sequence[torch.nn.Parameter], rows: Seq
     return loss, [parameter.grad for parameter in trainable]
 
 
+def _with_adapter(model: Any, lora: Any) -> tuple[Any, list[torch.nn.Parameter]]:
+    """`model` wrapped in `lora`'s adapter (peft; initialised from torch's current seed), in
+    training mode, and the adapter's trainable parameters in their fixed order."""
+    import peft
+
+    peft_model = peft.get_peft_model(model, lora)
+    peft_model.train()
+    return peft_model, [p for p in peft_model.parameters() if p.requires_grad]
+
+
 def _send(connection: Connection, message: Any) -> None:
     """Plain pickles (tensors by value): torch's shared-memory pickling needs multiprocessing's
     own processes, and a helper is not one."""
@@ -383,15 +393,11 @@ def _helper_main(read_fd: int, write_fd: int) -> None:
     """A helper process (`python -c` of `_StepHelpers`): the same model and adapter layout; for
     each (weights, micro-batches, n_learned) it receives, the micro-batches' losses and
     gradients, one by one; None ends it. Messages are pickles on its own two pipes."""
-    import peft
-
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     loader, lora, settings = _receive(inbox)  # its thread count is its environment's (`child_env`)
     model = loader()
-    peft_model = peft.get_peft_model(model, lora)
-    peft_model.train()
+    peft_model, trainable = _with_adapter(model, lora)
     _use_attention(model, settings.attention or model.config._attn_implementation)
-    trainable = [p for p in peft_model.parameters() if p.requires_grad]
     while (message := _receive(inbox)) is not None:
         weights, parts, n_learned = message
         with torch.no_grad():
@@ -515,9 +521,7 @@ def train_lora(
         r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
         target_modules=target, task_type="CAUSAL_LM",
     )
-    peft_model = peft.get_peft_model(model, lora)
-    peft_model.train()
-    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    peft_model, trainable = _with_adapter(model, lora)
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
     n_steps = total_steps(len(examples), settings)
     # Step s (from 0) runs at (1 - s / n_steps) x the rate: the last step still learns something.
