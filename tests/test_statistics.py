@@ -1,5 +1,9 @@
 """SPEC §9: paired McNemar, Benjamini–Hochberg families, TV distance, τ, η²."""
 
+import os
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 from _traces import leaking, trace
@@ -84,6 +88,27 @@ def test_forget_and_retain_are_separate_families():
     assert adjusted[("C", "a", "retain")] == pytest.approx(0.01)
     with pytest.raises(ValueError, match="unknown split"):
         adjust_by_split({("C", "a", "holdout"): 0.1})
+
+
+def test_tv_distance_is_the_same_float_under_every_string_hash_seed():
+    """The sum's order must not follow PYTHONHASHSEED: two runs of one design gave TVs one
+    ulp apart in comparison.json when the channels were summed in a set's order."""
+    # Summed in some orders these shares give 1.0851063829787235, in others ...233.
+    code = (
+        "from kbench.observer.statistics import tv_distance\n"
+        "names = ['Z_CoT', 'Z_tool', 'Z_RAG', 'Z_answer', 'Z_summary', 'Z_tool_wide']\n"
+        "a = {c: n / 47 for c, n in zip(names, [8, 36, 4, 16, 7, 31])}\n"
+        "b = {c: n / 47 for c, n in zip(names, [28, 30, 41, 24, 13, 6])}\n"
+        "print(repr(tv_distance(a, b)))\n"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True, text=True, check=True,
+        ).stdout
+        for seed in range(12)
+    }
+    assert len(outputs) == 1, outputs
 
 
 def test_tv_distance_is_half_the_l1_distance_with_nulls_as_zero():

@@ -102,8 +102,9 @@ def adjust_by_split(pvalues: Mapping[tuple[str, str, str], float]) -> dict[tuple
 
 
 def tv_distance(first: Shares, second: Shares) -> float:
-    """½ Σ_c |s1_c − s2_c|; a channel missing or null in a vector carries share 0."""
-    channels = set(first) | set(second)
+    """½ Σ_c |s1_c − s2_c|; a channel missing or null in a vector carries share 0. Summed in
+    channel-name order: a set's order follows the string hash seed, and float sums its order."""
+    channels = sorted(set(first) | set(second))
     return 0.5 * sum(abs((first.get(c) or 0.0) - (second.get(c) or 0.0)) for c in channels)
 
 
