@@ -32,6 +32,12 @@ def kbench_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def device() -> str:
+    """Where the engine tests put their model: KBENCH_TEST_DEVICE, default cpu (`cuda` runs them on a GPU)."""
+    return os.environ.get("KBENCH_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="session")
 def default_model() -> Path:
     """The converted SmolLM2-135M-Instruct folder (made by `kbench setup`, i.e. `make setup`)."""
     if not (DEFAULT_MODEL / "config.json").exists():

@@ -29,15 +29,15 @@ def chat(question: str, *turns: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tiny64(tiny_model_dir):  # noqa: F811
-    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu"))
+def tiny64(tiny_model_dir, device):  # noqa: F811
+    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device=device))
     model = model.double()
     return model, tokenizer, Engine(model, tokenizer, end_of_turn_ids(model, tokenizer))
 
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
-        return model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        return model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1].float()
 
 
 def test_cached_logits_equal_a_full_recompute_at_every_step(tiny64):
@@ -197,7 +197,7 @@ def test_score_equals_a_full_recompute_for_every_pair(tiny64):
         scores = engine.score([p for p, _ in pairs], [c for _, c in pairs], share_prefixes=share, batch_size=batch_size)
         for (prompt, continuation), got in zip(pairs, scores):
             with torch.inference_mode():
-                logits = model(input_ids=torch.tensor([prompt + continuation])).logits[0].float()
+                logits = model(input_ids=torch.tensor([prompt + continuation], device=model.device)).logits[0].float()
             logprobs = torch.log_softmax(logits, -1)
             want = [float(logprobs[len(prompt) - 1 + k, t]) for k, t in enumerate(continuation)]
             assert len(got) == len(continuation)
@@ -224,9 +224,9 @@ def _decode_logits(model, cache, ids: torch.Tensor, steps: int) -> tuple[torch.T
     return torch.stack(logits), addresses
 
 
-def test_growing_layer_gives_the_concatenating_cache_s_logits_bit_for_bit_without_copies(tiny_model_dir):  # noqa: F811
-    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu"))  # float32, as the runs
-    ids = torch.tensor([encode_prompt(tokenizer, chat(q))[:12] for q in QUESTIONS])
+def test_growing_layer_gives_the_concatenating_cache_s_logits_bit_for_bit_without_copies(tiny_model_dir, device):  # noqa: F811
+    model, tokenizer = load_model(ModelConfig(path=str(tiny_model_dir), device=device))  # float32, as the runs
+    ids = torch.tensor([encode_prompt(tokenizer, chat(q))[:12] for q in QUESTIONS], device=model.device)
     reference, _ = _decode_logits(model, DynamicCache(), ids, 20)
     growing = growing_cache()
     logits, addresses = _decode_logits(model, growing, ids, 20)

@@ -16,10 +16,10 @@ from kbench.parametric.lora import (
 )
 
 
-def _model(tiny_model_dir):
+def _model(tiny_model_dir, device="cpu"):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(device)
 
 
 def _tokenizer(tiny_model_dir):
@@ -58,14 +58,14 @@ def _one_row_per_example_loss(model, examples) -> torch.Tensor:
     """The reference: each example alone, full logits, summed cross-entropy of its labels."""
     total = 0
     for e in examples:
-        logits = model(input_ids=torch.tensor([e.input_ids])).logits[0, :-1]
+        logits = model(input_ids=torch.tensor([e.input_ids], device=model.device)).logits[0, :-1]
         total = total + torch.nn.functional.cross_entropy(
-            logits, torch.tensor(e.labels[1:]), ignore_index=IGNORE, reduction="sum")
+            logits, torch.tensor(e.labels[1:], device=model.device), ignore_index=IGNORE, reduction="sum")
     return total
 
 
-def test_packed_loss_and_gradients_equal_each_example_alone(tiny_model_dir):
-    model = _model(tiny_model_dir).to(torch.float64)
+def test_packed_loss_and_gradients_equal_each_example_alone(tiny_model_dir, device):
+    model = _model(tiny_model_dir, device).to(torch.float64)
     examples = _examples(tiny_model_dir)[:3]
     examples = [*examples, examples[1]]  # a duplicate shares every node of its twin
     loss_sum, count = label_position_loss(model, examples)
@@ -86,8 +86,8 @@ def _system_chats() -> list[list[dict]]:
     return [[system, *chat] for chat in _chats()]
 
 
-def test_stem_packing_gives_the_loss_and_gradients_of_each_example_alone(tiny_model_dir):
-    model = _model(tiny_model_dir).to(torch.float64)
+def test_stem_packing_gives_the_loss_and_gradients_of_each_example_alone(tiny_model_dir, device):
+    model = _model(tiny_model_dir, device).to(torch.float64)
     tokenizer = _tokenizer(tiny_model_dir)
     examples = [tokenize_chat(tokenizer, chat, 256) for chat in _system_chats()[:3]]
     examples = [*examples, examples[1]]  # a duplicate: its whole path after the stem is fed again
@@ -115,11 +115,11 @@ def test_stem_packing_gives_the_loss_and_gradients_of_each_example_alone(tiny_mo
     assert stem_length([Example([1, 2, 3, 4], [IGNORE, IGNORE, IGNORE, 4])] * 2) == 2
 
 
-def test_stem_packing_trains_the_adapter_of_trie_packing(tiny_model_dir):
+def test_stem_packing_trains_the_adapter_of_trie_packing(tiny_model_dir, device):
     tokenizer = _tokenizer(tiny_model_dir)
     examples = [tokenize_chat(tokenizer, chat, 256) for chat in _system_chats()]
     runs = {
-        packing: train_lora(_model(tiny_model_dir).to(torch.float64), examples,
+        packing: train_lora(_model(tiny_model_dir, device).to(torch.float64), examples,
                             _settings(steps=2, epochs=None, micro_batch_size=4, packing=packing))
         for packing in ("trie", "stem")
     }
@@ -149,9 +149,9 @@ def _adapter_weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
 
 
-def test_micro_batches_accumulate_to_the_full_batch(tiny_model_dir):
-    one = train_lora(_model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=4))
-    split = train_lora(_model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=1))
+def test_micro_batches_accumulate_to_the_full_batch(tiny_model_dir, device):
+    one = train_lora(_model(tiny_model_dir, device), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=4))
+    split = train_lora(_model(tiny_model_dir, device), _examples(tiny_model_dir), _settings(steps=1, epochs=None, micro_batch_size=1))
     assert one.step_losses == pytest.approx(split.step_losses, rel=1e-5)
     a, b = _adapter_weights(one.model), _adapter_weights(split.model)
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -179,11 +179,11 @@ def test_helper_processes_train_the_adapter_of_one_process(learner_dir):  # noqa
     assert torch.get_num_threads() == threads  # the caller's thread count is back
 
 
-def test_training_is_seeded_and_lowers_the_loss(learner_dir):  # noqa: F811
+def test_training_is_seeded_and_lowers_the_loss(learner_dir, device):  # noqa: F811
     settings = _settings(epochs=15)
-    first = train_lora(_model(learner_dir), _examples(learner_dir), settings)
-    again = train_lora(_model(learner_dir), _examples(learner_dir), settings)
-    other = train_lora(_model(learner_dir), _examples(learner_dir), _settings(epochs=15, seed=4))
+    first = train_lora(_model(learner_dir, device), _examples(learner_dir), settings)
+    again = train_lora(_model(learner_dir, device), _examples(learner_dir), settings)
+    other = train_lora(_model(learner_dir, device), _examples(learner_dir), _settings(epochs=15, seed=4))
     assert first.step_losses == again.step_losses
     assert first.step_losses != other.step_losses
     assert len(first.epoch_losses) == 15 and len(first.step_losses) == 15 * 2  # 6 examples, batches of 4
@@ -191,15 +191,15 @@ def test_training_is_seeded_and_lowers_the_loss(learner_dir):  # noqa: F811
     assert not first.model.training
 
 
-def test_bf16_mixed_precision_learns_in_bfloat16_and_keeps_float32_weights(learner_dir):  # noqa: F811
+def test_bf16_mixed_precision_learns_in_bfloat16_and_keeps_float32_weights(learner_dir, device):  # noqa: F811
     settings = _settings(epochs=15, mixed_precision="bf16")
     dtypes = []
-    model = _model(learner_dir)
+    model = _model(learner_dir, device)
     hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
     mixed = train_lora(model, _examples(learner_dir), settings)
     hook.remove()
-    again = train_lora(_model(learner_dir), _examples(learner_dir), settings)
-    full = train_lora(_model(learner_dir), _examples(learner_dir), _settings(epochs=15))
+    again = train_lora(_model(learner_dir, device), _examples(learner_dir), settings)
+    full = train_lora(_model(learner_dir, device), _examples(learner_dir), _settings(epochs=15))
     assert set(dtypes) == {torch.bfloat16}  # the products ran in bfloat16
     assert all(p.dtype == torch.float32 for p in mixed.model.parameters())  # weights and adapter stay float32
     assert mixed.step_losses == again.step_losses  # seeded: the same bytes
@@ -208,15 +208,15 @@ def test_bf16_mixed_precision_learns_in_bfloat16_and_keeps_float32_weights(learn
     assert abs(mixed.epoch_losses[-1] - full.epoch_losses[-1]) < 0.5 * full.epoch_losses[0]
 
 
-def test_attention_kernel_is_switched_for_training_only(learner_dir):  # noqa: F811
-    model = _model(learner_dir)
+def test_attention_kernel_is_switched_for_training_only(learner_dir, device):  # noqa: F811
+    model = _model(learner_dir, device)
     own = model.config._attn_implementation
     assert own == "sdpa"
     kernels = []
     model.register_forward_pre_hook(lambda m, args: kernels.append((m.training, m.config._attn_implementation)))
     eager = train_lora(model, _examples(learner_dir), _settings(attention="eager"),
-                       on_epoch=lambda epoch, m, loss: m(input_ids=torch.tensor([[1, 2, 3]])))
-    default = train_lora(_model(learner_dir), _examples(learner_dir), _settings())
+                       on_epoch=lambda epoch, m, loss: m(input_ids=torch.tensor([[1, 2, 3]], device=m.device)))
+    default = train_lora(_model(learner_dir, device), _examples(learner_dir), _settings())
     assert {kernel for training, kernel in kernels if training} == {"eager"}
     assert {kernel for training, kernel in kernels if not training} == {own}  # the per-pass callback
     assert model.config._attn_implementation == own  # back to its own kernel after training
@@ -224,8 +224,8 @@ def test_attention_kernel_is_switched_for_training_only(learner_dir):  # noqa: F
     assert max(abs(a - b) for a, b in zip(eager.step_losses, default.step_losses)) < 1e-3
 
 
-def test_attention_kernel_is_restored_when_a_step_raises(learner_dir):  # noqa: F811
-    model = _model(learner_dir)
+def test_attention_kernel_is_restored_when_a_step_raises(learner_dir, device):  # noqa: F811
+    model = _model(learner_dir, device)
     own = model.config._attn_implementation
     calls = []
 
@@ -241,17 +241,17 @@ def test_attention_kernel_is_restored_when_a_step_raises(learner_dir):  # noqa: 
     assert model.config._attn_implementation == own
 
 
-def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir):
+def test_steps_budget_crosses_epochs_and_calls_back_per_pass(tiny_model_dir, device):
     seen = []
     run = train_lora(
-        _model(tiny_model_dir), _examples(tiny_model_dir), _settings(steps=5, epochs=None),
+        _model(tiny_model_dir, device), _examples(tiny_model_dir), _settings(steps=5, epochs=None),
         on_epoch=lambda epoch, model, loss: seen.append((epoch, model.training)),
     )
     assert len(run.step_losses) == 5
     assert seen == [(1, False), (2, False), (3, False)]  # passes of 2 steps; the third is cut short
 
 
-def test_misconfigured_runs_are_refused(tiny_model_dir):
+def test_misconfigured_runs_are_refused(tiny_model_dir, device):
     with pytest.raises(ValidationError, match="exactly one"):
         _settings(steps=5)
     with pytest.raises(ValidationError, match="exactly one"):
@@ -260,23 +260,23 @@ def test_misconfigured_runs_are_refused(tiny_model_dir):
         _settings(lr_schedule="cosine")
     masked = [Example([1, 2, 3], [IGNORE, IGNORE, IGNORE])]
     with pytest.raises(LoraError, match="no example has a token"):
-        train_lora(_model(tiny_model_dir), masked, _settings())
+        train_lora(_model(tiny_model_dir, device), masked, _settings())
     with pytest.raises(LoraError, match="no training examples"):
-        train_lora(_model(tiny_model_dir), [], _settings())
+        train_lora(_model(tiny_model_dir, device), [], _settings())
 
 
-def test_linear_schedule_decays_to_zero_across_epochs(tiny_model_dir):
+def test_linear_schedule_decays_to_zero_across_epochs(tiny_model_dir, device):
     examples = _examples(tiny_model_dir)  # 6 examples in batches of 4: 2 steps a pass
     assert total_steps(6, _settings(epochs=3)) == 6 and total_steps(6, _settings(steps=5, epochs=None)) == 5
-    constant = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3))
-    linear = train_lora(_model(tiny_model_dir), examples, _settings(epochs=3, lr_schedule="linear"))
+    constant = train_lora(_model(tiny_model_dir, device), examples, _settings(epochs=3))
+    linear = train_lora(_model(tiny_model_dir, device), examples, _settings(epochs=3, lr_schedule="linear"))
     assert constant.step_learning_rates == pytest.approx([1e-2] * 6)
     assert linear.step_learning_rates == pytest.approx([1e-2 * (1 - s / 6) for s in range(6)])
     assert constant.step_losses[0] == pytest.approx(linear.step_losses[0])  # same start, then apart
     assert constant.step_losses[-1] != pytest.approx(linear.step_losses[-1])
 
 
-def test_micro_batches_put_rows_sharing_a_prefix_together(tiny_model_dir, monkeypatch):
+def test_micro_batches_put_rows_sharing_a_prefix_together(tiny_model_dir, monkeypatch, device):
     seen = []
     real = kbench.parametric.lora.label_position_loss
 
@@ -287,14 +287,14 @@ def test_micro_batches_put_rows_sharing_a_prefix_together(tiny_model_dir, monkey
     monkeypatch.setattr(kbench.parametric.lora, "label_position_loss", spy)
     short = _examples(tiny_model_dir)[:4]
     prefixed = [Example([7, 7, 7, *e.input_ids], [IGNORE] * 3 + e.labels) for e in short]
-    train_lora(_model(tiny_model_dir), [*short, *prefixed], _settings(steps=1, epochs=None, batch_size=8))
+    train_lora(_model(tiny_model_dir, device), [*short, *prefixed], _settings(steps=1, epochs=None, batch_size=8))
     assert [len(rows) for rows in seen] == [2, 2, 2, 2]
     assert sum(rows[0][:3] == [7, 7, 7] and rows[1][:3] == [7, 7, 7] for rows in seen) == 2
     assert micro_batches([*prefixed, *short], 8) == [sorted([*prefixed, *short], key=lambda r: r.input_ids)]
 
 
-def test_a_single_path_runs_causal_and_a_tree_runs_masked(tiny_model_dir, monkeypatch):
-    model = _model(tiny_model_dir).to(torch.float64)
+def test_a_single_path_runs_causal_and_a_tree_runs_masked(tiny_model_dir, monkeypatch, device):
+    model = _model(tiny_model_dir, device).to(torch.float64)
     example = _examples(tiny_model_dir)[0]
     assert pack([example, example]).is_chain and not pack(_examples(tiny_model_dir)[:2]).is_chain
     seen = []
