@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -260,3 +262,28 @@ def test_report_renders_in_headless_chromium(tmp_path):
     pixels = np.asarray(image.resize((320, 500))).reshape(-1, 3)
     assert len(np.unique(pixels, axis=0)) > 50  # text, tables and plot colours: not a blank page
     assert (pixels != 255).any(axis=1).mean() > 0.05
+
+
+def test_every_report_file_is_the_same_bytes_under_every_string_hash_seed(tmp_path):
+    """No report (HTML, markdown, metrics, comparison, plots) may follow a set's order, which
+    follows PYTHONHASHSEED: each seed writes the reports of one design in its own process."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2])\n"
+        "from pathlib import Path\n"
+        "from _comparison_cells import design\n"
+        "from kbench.comparison.analysis import compare\n"
+        "from kbench.comparison.report import Provenance\n"
+        "from kbench.stages.compare import write_reports\n"
+        "write_reports(compare(design()), Path(sys.argv[1]), Provenance('kbench', 'sqlite:///mlflow.db', 31, 'abc'))\n"
+    )
+    tests = Path(__file__).resolve().parent
+    written = {}
+    for seed in range(4):  # a set of three names takes one of six orders per seed
+        out = tmp_path / str(seed)
+        subprocess.run([sys.executable, "-c", code, str(out), str(tests)], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": str(seed), "MPLBACKEND": "Agg"})
+        written[seed] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert len(written[0]) > 4 and any(name.endswith(".png") for name in written[0])
+    for seed, files in written.items():
+        assert files.keys() == written[0].keys(), seed
+        assert [name for name in files if files[name] != written[0][name]] == [], f"PYTHONHASHSEED={seed}"
