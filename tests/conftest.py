@@ -33,7 +33,7 @@ def kbench_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def device() -> str:
-    """Where the engine tests put their model: KBENCH_TEST_DEVICE, default cpu (`cuda` runs them on a GPU)."""
+    """Where the engine and LoRA tests put their models: KBENCH_TEST_DEVICE, default cpu (`cuda`: a GPU)."""
     return os.environ.get("KBENCH_TEST_DEVICE", "cpu")
 
 
