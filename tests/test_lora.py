@@ -265,6 +265,29 @@ def test_misconfigured_runs_are_refused(tiny_model_dir, device):
         train_lora(_model(tiny_model_dir, device), [], _settings())
 
 
+def test_first_layer_adapts_the_layers_from_it_and_stops_the_backward_there(tiny_model_dir, device):
+    """`first_layer: 1` puts the adapters "all-linear" puts on layer 1 and none on layer 0, whose
+    output then needs no gradient; a layer past the model's last is refused."""
+    def adapted(model) -> set[tuple[str, str]]:
+        return {(name.split("layers.")[1].split(".")[0], name.split(".lora_A")[0].rsplit(".", 1)[-1])
+                for name, _ in model.named_parameters() if "lora_A" in name}
+
+    def run(first_layer: int):
+        model, needs_grad = _model(tiny_model_dir, device), []
+        model.model.layers[0].register_forward_hook(
+            lambda module, inputs, output: needs_grad.append((output[0] if isinstance(output, tuple) else output).requires_grad))
+        trained = train_lora(model, _examples(tiny_model_dir), _settings(steps=1, epochs=None, first_layer=first_layer))
+        return adapted(trained.model), needs_grad
+
+    every, every_grad = run(0)
+    top, top_grad = run(1)
+    assert {layer for layer, _ in every} == {"0", "1"} and len(every) == 14  # 7 linear modules a layer
+    assert top == {(layer, module) for layer, module in every if layer == "1"}
+    assert True in every_grad and not any(top_grad)
+    with pytest.raises(LoraError, match="first_layer 2 leaves no layer"):
+        train_lora(_model(tiny_model_dir, device), _examples(tiny_model_dir), _settings(first_layer=2))
+
+
 def test_linear_schedule_decays_to_zero_across_epochs(tiny_model_dir, device):
     examples = _examples(tiny_model_dir)  # 6 examples in batches of 4: 2 steps a pass
     assert total_steps(6, _settings(epochs=3)) == 6 and total_steps(6, _settings(steps=5, epochs=None)) == 5

@@ -167,6 +167,8 @@ class LoraConfig(_Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     #: peft's `target_modules`: "all-linear" or a list of module names (q_proj, v_proj, ...).
     target_modules: str | tuple[str, ...] = "all-linear"
+    #: Decoder layers below this index get no adapter, so the backward pass stops at it (0: every layer).
+    first_layer: int = Field(0, ge=0)
     learning_rate: float = Field(1e-3, gt=0)
     #: "constant", or "linear": the rate falls linearly from `learning_rate` to zero over the run.
     lr_schedule: LrSchedule = "constant"

@@ -369,6 +369,13 @@ def _one_backward(model: Any, trainable: Sequence[torch.nn.Parameter], rows: Seq
     return loss, [parameter.grad for parameter in trainable]
 
 
+def _linear_names(model: Any) -> list[str]:
+    """The names of the linear modules "all-linear" adapts: every one but the output layer."""
+    output = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and module is not output})
+
+
 def _with_adapter(model: Any, lora: Any) -> tuple[Any, list[torch.nn.Parameter]]:
     """`model` wrapped in `lora`'s adapter (peft; initialised from torch's current seed), in
     training mode, and the adapter's trainable parameters in their fixed order."""
@@ -517,9 +524,17 @@ def train_lora(
     own_attention = model.config._attn_implementation
     training_attention = settings.attention or own_attention
     target = settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
+    layers = None
+    if settings.first_layer:
+        n_layers = model.config.num_hidden_layers
+        if settings.first_layer >= n_layers:
+            raise LoraError(f"first_layer {settings.first_layer} leaves no layer of the model's {n_layers} to adapt")
+        layers = list(range(settings.first_layer, n_layers))
+        if target == "all-linear":  # peft takes a layer range only with module names
+            target = _linear_names(model)
     lora = peft.LoraConfig(
         r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-        target_modules=target, task_type="CAUSAL_LM",
+        target_modules=target, task_type="CAUSAL_LM", layers_to_transform=layers,
     )
     peft_model, trainable = _with_adapter(model, lora)
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
