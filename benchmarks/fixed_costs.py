@@ -13,7 +13,8 @@ digests of the written `hashes.json` and metrics files show whether two runs wro
 
 `--after-set queries.n_per_split=4` runs the after commit on the before commit's workload
 (656585d's default: 4 + 4 queries, so LoRA-T+D learns the same 16 entities): a key of the
-after clone's params.yaml is set before its runs, the comments kept.
+after clone's params.yaml is set before its runs, the comments kept. `--keep DIR` makes the
+clones in DIR and keeps them (`dvc repro` in the after clone then runs the rest of the pipeline).
 
 The environment must hold every dependency of both commits (here: HEAD's `make setup` covers
 656585d's, whose pyproject only lacks two packages). Runs take about 10-20 minutes a commit.
@@ -22,6 +23,7 @@ The environment must hold every dependency of both commits (here: HEAD's `make s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -124,12 +126,17 @@ def main() -> None:
     parser.add_argument("--after-set", action="append", default=[], type=assignment, metavar="KEY=VALUE",
                         help="set a params.yaml key of the after clone (repeatable), e.g. queries.n_per_split=4")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="make the clones in this new folder and keep them "
+                        "(e.g. to run the rest of the pipeline in the after clone)")
     args = parser.parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True)
     revs = {side: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
                                  capture_output=True, text=True).stdout.strip()
             for side, rev in (("before", args.before), ("after", args.after))}
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-    with tempfile.TemporaryDirectory(prefix="kbench-fixed-") as tmp:
+    folder = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="kbench-fixed-")
+    with folder as tmp:
         paths = {side: checkout(rev, Path(tmp)) for side, rev in revs.items()}
         set_params(paths["after"], args.after_set)
         for repeat in range(args.repeats):
