@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from _comparison_cells import BASELINE_RETAIN, cell_run, design
+from _hash_seed import run_under_hash_seed
 from _traces import write_jsonl
 from PIL import Image
 
@@ -280,8 +279,7 @@ def test_every_report_file_is_the_same_bytes_under_every_string_hash_seed(tmp_pa
     written = {}
     for seed in range(4):  # a set of three names takes one of six orders per seed
         out = tmp_path / str(seed)
-        subprocess.run([sys.executable, "-c", code, str(out), str(tests)], check=True,
-                       env={**os.environ, "PYTHONHASHSEED": str(seed), "MPLBACKEND": "Agg"})
+        run_under_hash_seed(code, seed, str(out), str(tests), MPLBACKEND="Agg")
         written[seed] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     assert len(written[0]) > 4 and any(name.endswith(".png") for name in written[0])
     for seed, files in written.items():

@@ -1,11 +1,8 @@
 """SPEC §9: paired McNemar, Benjamini–Hochberg families, TV distance, τ, η²."""
 
-import os
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
+from _hash_seed import run_under_hash_seed
 from _traces import leaking, trace
 from scipy.stats import binomtest
 
@@ -101,13 +98,7 @@ def test_tv_distance_is_the_same_float_under_every_string_hash_seed():
         "b = {c: n / 47 for c, n in zip(names, [28, 30, 41, 24, 13, 6])}\n"
         "print(repr(tv_distance(a, b)))\n"
     )
-    outputs = {
-        subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
-            capture_output=True, text=True, check=True,
-        ).stdout
-        for seed in range(12)
-    }
+    outputs = {run_under_hash_seed(code, seed) for seed in range(12)}
     assert len(outputs) == 1, outputs
 
 
