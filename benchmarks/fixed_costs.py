@@ -129,6 +129,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="make the clones in this new folder and keep them "
                         "(e.g. to run the rest of the pipeline in the after clone)")
     args = parser.parse_args()
+    if args.keep and args.keep.exists():
+        parser.error(f"--keep {args.keep}: the folder exists (it must be a new one)")
     if args.keep:
         args.keep.mkdir(parents=True)
     revs = {side: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
