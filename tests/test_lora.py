@@ -115,39 +115,6 @@ def test_stem_packing_gives_the_loss_and_gradients_of_each_example_alone(tiny_mo
     assert stem_length([Example([1, 2, 3, 4], [IGNORE, IGNORE, IGNORE, 4])] * 2) == 2
 
 
-def test_frozen_prefix_gives_the_loss_and_cuts_only_the_prefix_path_of_the_gradient(tiny_model_dir, device):
-    model = _model(tiny_model_dir, device).to(torch.float64)
-    tokenizer = _tokenizer(tiny_model_dir)
-    examples = [tokenize_chat(tokenizer, chat, 256) for chat in _system_chats()[:3]]
-    examples = [*examples, Example([0] * 8, [IGNORE] * 8)]  # a row that learns nothing is left out
-    n_learned = sum(sum(label != IGNORE for label in e.labels[1:]) for e in examples)
-    loss_sum = micro_batch_backward(model, examples, _settings(frozen_prefix=True), n_learned)
-    frozen = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    reference = _one_row_per_example_loss(model, examples)
-    full = dict(zip([name for name, _ in model.named_parameters()],
-                    torch.autograd.grad(reference / n_learned, list(model.parameters()))))
-    assert abs(loss_sum - reference.item()) < 1e-9  # the prefix's keys and values are the same, only constant
-
-    def gap(name: str) -> float:
-        return (frozen[name] - full[name]).abs().max().item() / full[name].abs().max().item()
-
-    # The last layer's queries, output and MLP at prefix positions feed no loss: the same gradient.
-    # Its keys and values there, and every weight of the layer below, reach the loss through the prefix.
-    last = f"model.layers.{model.config.num_hidden_layers - 1}"
-    for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj"):
-        assert gap(f"{last}.{name}.weight") < 1e-6
-    for name in (f"{last}.self_attn.k_proj", f"{last}.self_attn.v_proj", "model.layers.0.mlp.down_proj"):
-        assert gap(f"{name}.weight") > 1e-3
-    # No prefix (the first learned token at position 1): the full gradient.
-    model.zero_grad(set_to_none=True)
-    row = Example(examples[0].input_ids, [IGNORE, *examples[0].input_ids[1:]])
-    micro_batch_backward(model, [row], _settings(frozen_prefix=True), len(row.input_ids) - 1)
-    whole = torch.autograd.grad(_one_row_per_example_loss(model, [row]) / (len(row.input_ids) - 1),
-                                list(model.parameters()))
-    assert all(torch.allclose(p.grad, g, rtol=1e-6, atol=1e-12) for p, g in zip(model.parameters(), whole))
-
-
 def test_stem_packing_trains_the_adapter_of_trie_packing(tiny_model_dir, device):
     tokenizer = _tokenizer(tiny_model_dir)
     examples = [tokenize_chat(tokenizer, chat, 256) for chat in _system_chats()]

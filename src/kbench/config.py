@@ -194,10 +194,6 @@ class LoraConfig(_Section):
     #: examples that share a prompt (the agent base's transcripts), where a tree mask's square
     #: attention eats the saving. The same sum and gradient either way, rounded differently.
     packing: LoraPacking = "trie"
-    #: True: each example's tokens before its first learned one run without gradient, one example
-    #: a pass, so the loss sees their keys and values as constants and no backward pass runs over
-    #: them (another recipe: docs/parametric.md). False: the full gradient.
-    frozen_prefix: bool = False
 
     @model_validator(mode="after")
     def _one_budget(self) -> "LoraConfig":

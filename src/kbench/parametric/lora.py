@@ -298,8 +298,6 @@ def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConf
     gradient are the trie's up to rounding (tests/test_lora.py checks both in float64). Like the
     agent engine, it assumes one full-attention key/value tensor per layer.
     """
-    if settings.frozen_prefix:
-        return sum((_frozen_prefix_backward(model, row, learned, settings, n_learned) for row, learned in _learning(rows)), 0.0)
     stem = stem_length(rows) if settings.packing == "stem" else 0
     if stem == 0:
         with autocast(model, settings.mixed_precision):
@@ -320,42 +318,20 @@ def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConf
         cache = DynamicCache()
         for layer, (keys, values) in enumerate(zip(leaves[::2], leaves[1::2])):
             cache.update(keys, values, layer)
-        total += _rest_backward(model, row, learned, stem, cache, settings, n_learned)
+        with autocast(model, settings.mixed_precision):
+            output = model(
+                input_ids=torch.tensor([row.input_ids[stem : learned[-1]]], device=device), cache=cache,
+                use_cache=True, logits_to_keep=torch.tensor([p - 1 - stem for p in learned], device=device),
+            )
+            loss = torch.nn.functional.cross_entropy(
+                _scored(output.logits[0]), torch.tensor([row.labels[p] for p in learned], device=device), reduction="sum")
+        if loss.requires_grad:
+            (loss / n_learned).backward()
+        total += loss.item()
     flowing = [(state, leaf.grad) for state, leaf in zip(states, leaves) if leaf.grad is not None]
     if flowing:
         torch.autograd.backward([state for state, _ in flowing], [grad for _, grad in flowing])
     return total
-
-
-def _rest_backward(model: Any, row: Example, learned: list[int], start: int, cache: DynamicCache,
-                   settings: LoraConfig, n_learned: int) -> float:
-    """Forward and backward of `row` from position `start` on, over `cache` (the keys and values of
-    its first `start` tokens): its summed cross-entropy over `learned`, the gradient (over
-    `n_learned`) accumulated in the model."""
-    device = next(model.parameters()).device
-    with autocast(model, settings.mixed_precision):
-        output = model(
-            input_ids=torch.tensor([row.input_ids[start : learned[-1]]], device=device), cache=cache,
-            use_cache=True, logits_to_keep=torch.tensor([p - 1 - start for p in learned], device=device),
-        )
-        loss = torch.nn.functional.cross_entropy(
-            _scored(output.logits[0]), torch.tensor([row.labels[p] for p in learned], device=device), reduction="sum")
-    if loss.requires_grad:
-        (loss / n_learned).backward()
-    return loss.item()
-
-
-def _frozen_prefix_backward(model: Any, row: Example, learned: list[int], settings: LoraConfig,
-                            n_learned: int) -> float:
-    """`frozen_prefix`: `row`'s tokens before its first learned one run without gradient (their
-    keys and values enter the rest as constants), then the rest with it; the loss sum is returned."""
-    prefix = learned[0] - 1
-    cache = DynamicCache()
-    if prefix:
-        with torch.no_grad(), autocast(model, settings.mixed_precision):
-            model(input_ids=torch.tensor([row.input_ids[:prefix]], device=next(model.parameters()).device),
-                  cache=cache, use_cache=True, logits_to_keep=1)
-    return _rest_backward(model, row, learned, prefix, cache, settings, n_learned)
 
 
 def autocast(model: Any, mixed_precision: MixedPrecision) -> AbstractContextManager:
