@@ -187,6 +187,23 @@ def test_dominant_channel_needs_majority_margin_and_ci_lower_bound():
     assert dominant_channel(_metrics(both=10)) is None  # .5/.5
 
 
+def test_one_leaking_query_of_six_has_no_dominant_channel():
+    # SPEC §10 (2026-12-04): a resample that draws none of the one leaking query counts every
+    # share as 0; about a third of them do ((5/6)^6), so share's CI lower bound is 0, not 1.
+    metrics = _metrics(answer=1, clean=5)
+    assert metrics.shares["Z_answer"] == 1.0
+    assert metrics.ci.shares["Z_answer"][0] == 0.0
+    assert dominant_channel(metrics) is None
+
+
+def test_one_leaking_query_of_six_is_not_k_sup():
+    # The baseline leaks through the summary on every query; the method's one answer leak of six
+    # is a drop at low power, not a migration to the answer.
+    result = verdict_of(cell(summary=6), cell(method="m", answer=1, clean=5))
+    assert result.dominant_method is None
+    assert result.verdict != "K-SUP"
+
+
 def test_selectivity_d1_degeneration_gap_and_k_score():
     result = verdict_of(
         BASELINE,

@@ -222,7 +222,10 @@ def _bootstrap_statistics(
     leaked = patterns[:, :k].any(axis=1, keepdims=True)
     totals = draws @ np.hstack([patterns, leaked]).astype(np.float64)
     cer = _ratio(totals[:, :k], totals[:, k : 2 * k])
-    return cer, totals[:, 2 * k] / n, _shares(cer)
+    # SPEC §10: in a resample where no channel leaks every share counts as 0, so a lone
+    # leaking query cannot carry its channel's share interval above the dominance bar.
+    shares = np.where((totals[:, 2 * k] == 0)[:, None], 0.0, _shares(cer))
+    return cer, totals[:, 2 * k] / n, shares
 
 
 def _percentile_interval(samples: np.ndarray, level: float) -> list[Interval | None]:
