@@ -416,6 +416,12 @@ class TrackingConfig(_Section):
     tracking_uri: str | None = None
 
 
+class ReportConfig(_Section):
+    #: The results page the `compare` stage writes for this design (docs/results.md for the
+    #: default params; each preset names its own, so a committed page is never overwritten).
+    results: str = "docs/results.md"
+
+
 class Params(_Section):
     corpus: CorpusConfig = CorpusConfig()
     seeds: list[int] = [0]
@@ -441,6 +447,7 @@ class Params(_Section):
     injection: InjectionConfig = InjectionConfig()
     scoring: ScoringConfig = ScoringConfig()
     tracking: TrackingConfig = TrackingConfig()
+    report: ReportConfig = ReportConfig()
 
     @property
     def base_model(self) -> str:
