@@ -3,7 +3,9 @@
 `kbench.config` checks the schema (keys, types, ranges); this module checks what only the
 registries know: that `model.backend`, every entry of `substrates`, every entry of `methods`
 and `scoring.rule` name a registered backend, substrate, method and scoring rule. An unknown
-name fails at start-up naming the key and the registered names.
+name fails at start-up naming the key and the registered names. On a backend without weights
+(an endpoint) it also refuses what needs them: weight and forward-hook methods, substrate P and
+the agent base; the stages that need them call `require_weights` first (docs/models.md).
 
 `Design` is which cells a params file defines and under what conditions they run: the
 comparison reads only the cell runs of one design (docs/comparison.md).
@@ -18,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kbench.backends import backend_names
+from kbench.backends import backend_has_weights, backend_names
 from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
 from kbench.corpus import CorpusError, pool_sizes
 from kbench.methods import method_class, method_config, method_names
+from kbench.methods.base import WEIGHT_HOOKS
 from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, PARAMETRIC
 from kbench.records import SPLITS
 from kbench.observer.matcher import scoring_rule_names
@@ -65,6 +68,42 @@ def _check_grid(params: Params) -> None:
             )
 
 
+#: What to run instead when a backend without weights meets something that needs them.
+ENDPOINT_HINT = "an endpoint runs the adapter-free cells only (presets/endpoint.yaml, docs/models.md)"
+
+
+def _check_endpoint(params: Params) -> None:
+    """On a backend without weights (an endpoint), refuse what needs them, before any stage work:
+    methods with a weight or forward hook (or weights trained for them), substrate P (its
+    adapters load into the weights) and the agent base (a LoRA trained on them)."""
+    backend = params.model.backend
+    if backend_has_weights(backend):
+        return
+    hooked = []
+    for name in params.methods:
+        cls = method_class(name)
+        hooks = sorted(cls.hooks & WEIGHT_HOOKS)
+        if hooks or cls.trains:
+            hooked.append(f"{name} ({'/'.join(hooks) + ' hook' if hooks else 'trained weights'})")
+    if hooked:
+        raise ParamsError(f"key 'methods': {', '.join(hooked)} edit or hook the model's weights; the {backend} "
+                          f"backend exposes none: drop them; {ENDPOINT_HINT}")
+    if params.p_recipes:
+        raise ParamsError(f"key 'p_recipes': substrate P loads its LoRA adapters into the model's weights; the "
+                          f"{backend} backend exposes none: set p_recipes: []; {ENDPOINT_HINT}")
+    if params.agent_base.enabled:
+        raise ParamsError(f"key 'agent_base.enabled': the agent base is a LoRA trained on the model's weights; "
+                          f"the {backend} backend exposes none: set it to false; {ENDPOINT_HINT}")
+
+
+def require_weights(params: Params, stage: str, why: str) -> None:
+    """A stage that needs the model's weights refuses a backend without them in one line (as
+    ParamsError), before any work: `why` says what it does with them."""
+    if not backend_has_weights(params.model.backend):
+        raise ParamsError(f"the {stage} stage {why}; the {params.model.backend} backend exposes none; "
+                          "an endpoint runs the adapter-free cells only: `dvc repro cell` (docs/models.md)")
+
+
 def _method_section(name: str, params: Params) -> None:
     """`method_params.<name>` passes its method's `Config` (the error names the key)."""
     try:
@@ -103,6 +142,7 @@ def check_design(params: Params, *, source: str = "params") -> Params:
         for name in params.method_params:
             _method_section(name, params)
         _check([params.scoring.rule], scoring_rule_names(), "scoring.rule", "scoring rule")
+        _check_endpoint(params)
         _check_grid(params)
         check_pools(params)
     except ParamsError as exc:

@@ -104,6 +104,11 @@ def backend_names() -> list[str]:
     return _BACKENDS.names()
 
 
+def backend_has_weights(name: str) -> bool:
+    """Whether the backend registered as `name` exposes weights a method may edit or hook."""
+    return _BACKENDS.get(name).has_weights
+
+
 def build_backend(config: ModelConfig) -> Backend:
     """The backend named by `config.backend`, built from the model section of params."""
     return _BACKENDS.get(config.backend)(config)

@@ -22,7 +22,7 @@ from kbench.agent import run_cell, setup_cell
 from kbench.cli.app import add_command
 from kbench.config import ModelConfig, Params
 from kbench.corpus import load_corpus
-from kbench.design import design_digest, load_design
+from kbench.design import design_digest, load_design, require_weights
 from kbench.methods import Fitted, method_class, method_config
 from kbench.methods.fitting import fitted_dir, load_fitted
 from kbench.names import (
@@ -391,6 +391,7 @@ def cmd_cell(args: argparse.Namespace) -> int:
     control on every adapter-free substrate and seed."""
     params = load_design(args.params)
     if args.controls:
+        require_weights(params, "LoRA-D control", "loads the distractor adapter into the model's weights")
         args.recipe = CONTROL
         run_controls(params, args)
         return 0
@@ -404,6 +405,8 @@ def cmd_cell(args: argparse.Namespace) -> int:
         return 0
     if args.substrate is None or args.seed is None:
         raise ValueError("kbench cell needs --substrate and --seed (or --controls)")
+    if args.substrate == PARAMETRIC:
+        require_weights(params, f"{PARAMETRIC} cell", "loads the injected adapters into the model's weights")
     if args.all_methods:
         run_all_methods(params, args)
         return 0

@@ -16,7 +16,7 @@ from kbench import io, tracking
 from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.design import load_design
+from kbench.design import load_design, require_weights
 from kbench.parametric.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_DIRS,
@@ -158,6 +158,7 @@ def _child_command(args: argparse.Namespace) -> list[str]:
 def cmd_inject(args: argparse.Namespace) -> int:
     """Train LoRA-T+D, merge it, train LoRA-D and the retain-only gold (injection.*)."""
     params = load_design(args.params)
+    require_weights(params, COMMAND, "trains LoRA adapters on the model's weights")
     base_dir = Path(agent_model_config(params).path)
     if args.queue:  # a child of the stage: one adapter name per stdin line
         serve_inject_queue(params, load_corpus(args.corpus), base_dir)

@@ -30,7 +30,7 @@ from kbench.agent import deployed_model
 from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.design import load_design
+from kbench.design import load_design, require_weights
 from kbench.methods import method_class, method_config
 from kbench.names import (
     ADAPTER_FREE,
@@ -237,6 +237,7 @@ def _child_command(args: argparse.Namespace) -> list[str]:
 def cmd_probes(args: argparse.Namespace) -> int:
     """Probe every model of the design; print each one's clean verdicts."""
     params = load_design(args.params)
+    require_weights(params, COMMAND, "reads token probabilities and loads adapters into the model's weights")
     corpus = load_corpus(args.corpus)
     if args.queue:  # a child: one model key per stdin line
         torch.set_num_threads(1)
