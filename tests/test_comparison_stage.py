@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -132,13 +133,21 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     assert json.loads((reports / "metrics.json").read_text())["missing_baselines"] == 1
     assert "| eraser | none | K-REF-inf | no-op on retain |  | 1.000 |" in (reports / "leaderboard.md").read_text()
 
+    # The results page (report.results): the design once at the top, the leaderboards, no run id.
+    page = (kbench_root / "docs" / "results.md").read_text()
+    assert f"**Design** `{Design.of(params).digest}`" in page
+    assert "20 forget and 20 retain queries per seed and cell · seeds 0, 137" in page
+    assert "| eraser | K-REF-inf | 1.000 |" in page
+    assert not [run for run in [*run_ids.values(), synced_run] if run in page]
+
     compare_run = mlflow.get_run(result.run_id)
     assert compare_run.data.tags[tracking.TAG_KIND] == tracking.KIND_COMPARE
     assert compare_run.data.metrics["cell_runs"] == 8
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(result.run_id, "output")}
     assert {"output/index.html", "output/leaderboard.md", "output/plots"} <= logged
-    # Comparing again with nothing new reuses the compare run.
+    # Comparing again with nothing new reuses the compare run and writes the same results page.
     assert run_compare_stage(params, reports).run_id == result.run_id
+    assert (kbench_root / "docs" / "results.md").read_text() == page
 
     # The command, pointed at a new experiment, first logs the DVC-tracked cell output there:
     # that is all this experiment holds.
@@ -274,6 +283,9 @@ def test_every_report_file_is_the_same_bytes_under_every_string_hash_seed(tmp_pa
         "from kbench.comparison.report import Provenance\n"
         "from kbench.stages.compare import write_reports\n"
         "write_reports(compare(design()), Path(sys.argv[1]), Provenance('kbench', 'sqlite:///mlflow.db', 31, 'abc'))\n"
+        "from kbench.comparison.report import ResultsHeader\n"
+        "from kbench.stages.compare import write_results\n"
+        "write_results(compare(design()), Path(sys.argv[1]) / 'results.md', ResultsHeader('d', 20, (0, 137), 'tiny', 'c'))\n"
     )
     tests = Path(__file__).resolve().parent
     written = {}
@@ -281,7 +293,22 @@ def test_every_report_file_is_the_same_bytes_under_every_string_hash_seed(tmp_pa
         out = tmp_path / str(seed)
         run_under_hash_seed(code, seed, str(out), str(tests), MPLBACKEND="Agg")
         written[seed] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    assert len(written[0]) > 4 and any(name.endswith(".png") for name in written[0])
+    assert len(written[0]) > 4 and any(name.endswith(".png") for name in written[0]) and "results.md" in written[0]
     for seed, files in written.items():
         assert files.keys() == written[0].keys(), seed
         assert [name for name in files if files[name] != written[0][name]] == [], f"PYTHONHASHSEED={seed}"
+
+
+GOLDEN_RESULTS = Path(__file__).resolve().parent / "golden" / "results.md"
+
+
+def test_the_results_page_of_the_fixture_design_is_the_committed_one():
+    """docs/results.md's writer on tests/_comparison_cells.py's design, against the page committed
+    beside this test (rewrite it with KBENCH_UPDATE_GOLDEN=1 after a deliberate change, and read the diff)."""
+    from kbench.comparison.report import ResultsHeader, render_results
+
+    page = render_results(compare(design()), ResultsHeader("0123456789abcdef", 20, (0, 137), "tiny", CORPUS))
+    if os.environ.get("KBENCH_UPDATE_GOLDEN"):
+        GOLDEN_RESULTS.parent.mkdir(exist_ok=True)
+        GOLDEN_RESULTS.write_text(page, encoding="utf-8")
+    assert page == GOLDEN_RESULTS.read_text(encoding="utf-8")

@@ -7,6 +7,7 @@ it opens from a DVC checkout, an MLflow artifact view or an e-mail alike.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from kbench.comparison.tables import (
     shown_verdict,
     verdict_matrix,
 )
+from kbench.names import PARAMETRIC
 from kbench.observer.format import MISSING
 from kbench.observer.verdicts import K_CLASSES
 
@@ -226,6 +228,76 @@ def render_markdown(comparison: Comparison, provenance: Provenance, probes: Mapp
         parts.append(markdown_table(missing_baseline_table(comparison)))
     if provenance.not_in_design:
         parts.append(markdown_table(not_in_design_table(provenance.not_in_design)))
+    return "\n".join(parts)
+
+
+#: The leaderboard columns of the results page: the verdict and its evidence, no run ids.
+RESULTS_COLUMNS = (
+    "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]", "Δsel",
+    "Degen forget", "p_adj", "Dominant",
+)
+#: The leak-pattern columns of the results page (the report's table less its run ids).
+_PATTERN_COLUMNS_DROPPED = ("Runs",)
+
+
+_RESULTS_LEGEND = (
+    "Rows are sorted by K-Score within a substrate; a method is never averaged across substrates. "
+    "OR: observer rate over all six channels (forget and retain split, seeds pooled, percentile bootstrap "
+    "CI); Δsel: retain OR minus the baseline's; p_adj: paired McNemar against the baseline on forget, "
+    "Benjamini–Hochberg over every method row; Dominant: the channel that carries the forget leak, if one "
+    "does. Each term and verdict: [definitions.md](definitions.md).\n"
+)
+
+
+def _bare(table: Table) -> str:
+    """A table without its note (the results page explains its columns once)."""
+    return markdown_table(dataclasses.replace(table, note=""))
+
+
+@dataclass(frozen=True)
+class ResultsHeader:
+    """What the results page states once at its top: the design it reports."""
+
+    #: `kbench.design.design_digest` of the params: equal digests, equal cell conditions.
+    digest: str
+    #: Forget and retain queries per seed and cell (`queries.n_per_split`).
+    n_per_split: int
+    seeds: tuple[int, ...]
+    #: The base model's name and the corpus fingerprint of the cells (None: no cell ran).
+    model: str
+    corpus: str | None
+
+
+def render_results(comparison: Comparison, header: ResultsHeader, probes: Mapping[str, Any] | None = None) -> str:
+    """docs/results.md: the headline leaderboard per substrate, every method on P, the probes
+    beside the agent and the leak pattern, for one design. Nothing run-specific (no run ids,
+    no commit, no clock), so one design's cells give the same bytes on every rerun."""
+    parts = [
+        "# K-Bench results\n",
+        "Written by `kbench compare` (the last stage of `dvc repro`) for one design; do not edit by hand. "
+        "Definitions of every column: [definitions.md](definitions.md); run ids and every other column: "
+        "`reports/index.html`.\n",
+        f"**Design** `{header.digest}` (params digest) · model {header.model} · corpus "
+        f"{header.corpus or MISSING} · {header.n_per_split} forget and {header.n_per_split} retain queries "
+        f"per seed and cell · seeds {', '.join(map(str, header.seeds))}.\n",
+        f"{reach_line(comparison)}\n",
+        rules_line(comparison) + "\n",
+        "## Leaderboards\n",
+    ]
+    portable = [c for c in RESULTS_COLUMNS if c != "Recipe"]  # off P the recipe is always none
+    parts += [_bare(t.select(portable)) for t in leaderboards(comparison, lambda s: s != PARAMETRIC)]
+    parts.append("## P: every method on the weights\n")
+    parts += [_bare(t.select(RESULTS_COLUMNS)) for t in leaderboards(comparison, lambda s: s == PARAMETRIC)]
+    parts += [_RESULTS_LEGEND, _bare(verdict_matrix(comparison))]
+    if probes:
+        parts += ["## Probes beside the agent\n",
+                  markdown_table(probe_baseline_table(comparison, dict(probes))),
+                  markdown_table(probe_method_table(comparison, dict(probes)))]
+    parts.append("## Leak pattern\n")
+    for patterns in comparison.leak_patterns:
+        table = leak_pattern_table(patterns)
+        parts += [markdown_table(table.select([c for c in table.columns if c not in _PATTERN_COLUMNS_DROPPED])),
+                  markdown_table(separation_table(patterns, comparison.config.tau_factor))]
     return "\n".join(parts)
 
 

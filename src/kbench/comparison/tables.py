@@ -136,10 +136,12 @@ def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
     )
 
 
-def leaderboards(comparison: Comparison) -> list[Table]:
-    """One leaderboard per (base model, substrate), sorted by K-Score; never pooled across substrates."""
+def leaderboards(comparison: Comparison, substrates: Callable[[str], bool] = lambda _: True) -> list[Table]:
+    """One leaderboard per (base model, substrate), sorted by K-Score; never pooled across
+    substrates. `substrates`: which substrates get one (default: all)."""
     tables = []
-    for (base_model, substrate), group in _grouped(comparison.rows, lambda r: (r.key.base_model, r.key.substrate)):
+    rows = [r for r in comparison.rows if substrates(r.key.substrate)]
+    for (base_model, substrate), group in _grouped(rows, lambda r: (r.key.base_model, r.key.substrate)):
         tables.append(
             Table(
                 title=f"{base_model} · {substrate}",

@@ -16,10 +16,12 @@ from kbench.comparison.collect import collect_cells
 from kbench.comparison.plots import write_plots
 from kbench.comparison.report import (
     Provenance,
+    ResultsHeader,
     comparison_json,
     metrics_json,
     render_html,
     render_markdown,
+    render_results,
 )
 from kbench.config import Params
 from kbench.design import Design, load_design
@@ -68,6 +70,14 @@ def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance,
     io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison, provenance, probes), allow_nan=False)
 
 
+def write_results(comparison: Comparison, path: Path, header: ResultsHeader,
+                  probes: dict[str, Any] | None = None) -> None:
+    """The design's results page (`report.results`, docs/results.md by default)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    io.write_text(path, render_results(comparison, header, probes))
+    log.info("results page %s", path)
+
+
 def probe_summary(params: Params) -> dict[str, Any] | None:
     """The probes stage's summary.json of this design, or None when it has not run."""
     path = Path(params.probes.out_dir) / PROBES_SUMMARY_FILE
@@ -110,7 +120,11 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
         model=selection.model,
         not_in_design=selection.others,
     )
-    write_reports(comparison, out_dir, provenance, probe_summary(params))
+    probes = probe_summary(params)
+    write_reports(comparison, out_dir, provenance, probes)
+    header = ResultsHeader(digest=design.digest, n_per_split=design.n_per_split, seeds=design.seeds,
+                           model=params.base_model, corpus=selection.corpus)
+    write_results(comparison, Path(params.report.results), header, probes)
     counts = metrics_json(comparison)
     summary = {
         "cell_runs": len(cells),
