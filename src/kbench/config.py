@@ -43,7 +43,7 @@ GENERATED = "generated"
 
 class CorpusConfig(_Section):
     #: GENERATED builds a Faker corpus; any other value is a folder in the kbench-v1 format
-    #: (under data/ for DVC to see edits to it: README, "Adding a model or a corpus").
+    #: (under data/ for DVC to see edits to it: docs/tracking.md, "Your own corpus").
     source: str = GENERATED
     n_entities: int = Field(250, ge=10)
     faker_seed: int = 42

@@ -99,7 +99,7 @@ LEADERBOARD_COLUMNS = (
     "Smallest p_adj", "Reachable classes", *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs",
     "Baseline runs",
 )
-#: The leaderboard columns leaderboard.md keeps (the README shows it; the HTML has them all).
+#: The leaderboard columns leaderboard.md keeps (the HTML has them all).
 MARKDOWN_COLUMNS = (
     "Method", "Recipe", "Verdict", "No-op", "Budget", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
     "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Pairs", "Smallest p_adj", "Dominant", "Seeds",
