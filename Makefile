@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: setup system-deps run test clean-venv
 
-# data/ holds corpora, a DVC dependency of the corpus stage (empty by default; README).
+# data/ holds corpora, a DVC dependency of the corpus stage (empty by default; docs/tracking.md, "Your own corpus").
 setup: $(STAMP) $(MODEL)
 	@mkdir -p data
 
@@ -30,7 +30,7 @@ $(MODEL): $(STAMP)
 
 # After the run, `dvc commit` caches the inputs that setup made outside DVC (models/, data/),
 # and every DVC-tracked file goes to the default remote (.dvc/config: kbench-dvc-remote beside
-# the clone), so `git clone` + `make setup` + `dvc pull` elsewhere restores it (README, "DVC remote").
+# the clone), so `git clone` + `make setup` + `dvc pull` elsewhere restores it (docs/tracking.md, "DVC remote").
 run: setup
 	.venv/bin/dvc repro
 	.venv/bin/dvc commit -q
