@@ -11,8 +11,10 @@ the code of that stage.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -26,22 +28,61 @@ EXIT_INTERRUPTED = 130
 #: file); printed as one line, never as a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
 DESCRIPTION = (
-    "K-Bench: inject a synthetic secret into one memory substrate, apply an unlearning "
-    "method, run a ReAct agent and read all six leak channels. The DVC pipeline "
-    "(`dvc repro`) calls these subcommands in order; each can also be run by hand."
+    "K-Bench: inject a synthetic secret into one memory substrate, apply an unlearning\n"
+    "method, run a ReAct agent and read all six leak channels."
 )
+#: Width of the command list in `kbench --help` (fixed, so the help reads the same everywhere).
+HELP_WIDTH = 79
+EPILOG = "Run `kbench COMMAND --help` for a command's options (docs/cli.md)."
+#: The group title of a module's commands in `kbench --help` when the module names none.
+DEFAULT_GROUP = "commands"
+
+
+def package_version() -> str:
+    """The installed kbench distribution's version (package metadata), "unknown" if not installed."""
+    try:
+        return importlib.metadata.version("kbench")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def build_parser(modules: Sequence[ModuleType]) -> argparse.ArgumentParser:
-    """The `kbench` parser with the commands of `modules` (each has `add_subcommands(sub)`)."""
-    parser = argparse.ArgumentParser(prog="kbench", description=DESCRIPTION)
+    """The `kbench` parser with the commands of `modules` (each has `add_subcommands(sub)` and
+    may name its group in the help with `GROUP`; modules with the same `GROUP` share it)."""
+    parser = argparse.ArgumentParser(
+        prog="kbench", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--params", default=DEFAULT_PARAMS, help="params file (default: %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"kbench {package_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="one of the commands above")
+    groups: dict[str, list[str]] = {}
     for module in modules:
+        before = set(sub.choices)
         module.add_subcommands(sub)
+        added = [name for name in sub.choices if name not in before]
+        groups.setdefault(getattr(module, "GROUP", DEFAULT_GROUP), []).extend(added)
+    parser.description = f"{DESCRIPTION}\n\n{_command_groups(sub, groups)}"
+    # The commands are listed by group in the description, not again as one flat list.
+    sub._choices_actions.clear()
     return parser
+
+
+def _command_groups(sub: argparse._SubParsersAction, groups: dict[str, list[str]]) -> str:
+    """The help's command list: one block per group, each command with its one-line help."""
+    helps = {action.dest: action.help or "" for action in sub._choices_actions}
+    width = max((len(name) for names in groups.values() for name in names), default=0) + 4
+    blocks = []
+    for title, names in groups.items():
+        lines = [f"{title}:"]
+        for name in names:
+            indent = f"  {name:<{width - 2}}"
+            text = helps.get(name, "")
+            lines.append(textwrap.fill(text, HELP_WIDTH, initial_indent=indent, subsequent_indent=" " * width)
+                         if text else indent.rstrip())
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def add_command(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kbench.cli import app, observer, project, stages
+from kbench.cli import app, catalog, observer, project, stages
 
 #: Modules that contribute subcommands through `add_subcommands(subparsers)`.
-COMMAND_MODULES = (stages, observer, project)
+COMMAND_MODULES = (stages, observer, project, catalog)
 
 
 def build_parser():

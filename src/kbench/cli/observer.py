@@ -32,6 +32,9 @@ from kbench.observer.verdicts import (
 from kbench.names import BASELINE_METHOD
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord, read_traces
 
+#: The title of these commands in `kbench --help`.
+GROUP = "scoring (trace files alone, outside a project folder too)"
+
 
 def _scoring_config(args: argparse.Namespace) -> ScoringConfig:
     """The `scoring` section of the params file (`kbench --params`, default params.yaml).

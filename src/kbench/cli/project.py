@@ -1,5 +1,6 @@
-"""Project subcommands: `calibrate` (Optuna search of injection strength), `sync` (MLflow),
-`preset` (swap params.yaml) and `params` (validate and show the design)."""
+"""Project subcommands: `setup` (the default model folder), `preset` (swap params.yaml),
+`params` (validate and show the design), `calibrate` (Optuna search of injection strength)
+and `sync` (MLflow)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from kbench import tracking
+from kbench.backends.packaged import DEFAULT_MODEL_DIR, ensure_default_model
 from kbench.corpus import load_corpus
 from kbench.design import check_model_present, load_design
 from kbench.parametric import agent_model_config
@@ -18,9 +21,19 @@ from kbench.parametric.calibration import CalibrationInputs, calibrate, write_ca
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
 
+#: The title of these commands in `kbench --help`.
+GROUP = "project tools"
 PRESETS_DIR = Path("presets")
 #: Folders whose stage outputs carry a run manifest that `kbench sync` can re-log.
 OUTPUT_ROOTS = (Path("artifacts"), Path("reports"))
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    """Prepare inputs that are not pip packages: the default model folder and data/."""
+    path = ensure_default_model(Path(args.model_dir))
+    Path("data").mkdir(exist_ok=True)
+    print(f"default model ready at {path}")
+    return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -43,14 +56,38 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def preset_paths(folder: Path = PRESETS_DIR) -> dict[str, Path]:
+    """The presets in `folder` by name (file stem), sorted; none when the folder is absent."""
+    return {path.stem: path for path in sorted(folder.glob("*.yaml"), key=lambda path: path.stem)}
+
+
+#: What `_yaml_data` returns for a file that does not parse: equal to no preset's data.
+_UNPARSABLE = object()
+
+
+def _yaml_data(path: Path) -> Any:
+    """The parsed YAML of `path`, or `_UNPARSABLE`."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return _UNPARSABLE
+
+
 def cmd_preset(args: argparse.Namespace) -> int:
-    """Copy a preset over params.yaml after validating it."""
-    source = PRESETS_DIR / f"{args.name}.yaml"
-    if not source.exists():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ValueError(f"unknown preset {args.name!r}; known presets: {known}")
+    """Copy a preset over params.yaml after validating it. A params file whose YAML data equals
+    no preset's (the user edited it) is kept unless `--force`: comments and layout do not count."""
+    presets = preset_paths()
+    source = presets.get(args.name)
+    if source is None:
+        raise ValueError(f"unknown preset {args.name!r}; known presets: {sorted(presets)}")
     load_design(source)
-    shutil.copyfile(source, args.params)
+    target = Path(args.params)
+    if target.exists() and not args.force:
+        current = _yaml_data(target)
+        if current is _UNPARSABLE or all(current != _yaml_data(path) for path in presets.values()):
+            raise ValueError(f"{target} differs from every preset in {PRESETS_DIR}/ (edited?); keep a copy, or "
+                             f"rerun with --force to replace it by preset {args.name!r}")
+    shutil.copyfile(source, target)
     print(f"{args.params} now holds preset {args.name!r}; run `dvc repro` (or `dvc exp run`)")
     return 0
 
@@ -66,6 +103,21 @@ def cmd_check_params(args: argparse.Namespace) -> int:
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("setup", help="convert the packaged default model into models/ (once)")
+    p.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR), help="model folder (default: %(default)s)")
+    p.set_defaults(handler=cmd_setup)
+
+    found = ", ".join(preset_paths()) or f"none found in {PRESETS_DIR}/"
+    p = sub.add_parser("preset", help=f"replace params.yaml by a preset ({found})")
+    p.add_argument("name", help=f"a preset in {PRESETS_DIR}/: {found}")
+    p.add_argument("--force", action="store_true",
+                   help="replace the params file even when it differs from every preset (an edited one)")
+    p.set_defaults(handler=cmd_preset)
+
+    p = sub.add_parser("params", help="validate params.yaml (--show prints it with defaults)")
+    p.add_argument("--show", action="store_true")
+    p.set_defaults(handler=cmd_check_params)
+
     p = sub.add_parser("calibrate", help="Optuna search of injection strength (injection.calibration.*)")
     p.add_argument("--corpus", default=str(CORPUS_DIR))
     p.add_argument("--index", default=str(INDEX_DIR))
@@ -77,11 +129,3 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sync", help="log stage outputs that have no MLflow run yet")
     p.add_argument("roots", nargs="*", default=[str(r) for r in OUTPUT_ROOTS])
     p.set_defaults(handler=cmd_sync)
-
-    p = sub.add_parser("preset", help="replace params.yaml by a named preset (cpu, paper)")
-    p.add_argument("name")
-    p.set_defaults(handler=cmd_preset)
-
-    p = sub.add_parser("params", help="validate params.yaml (--show prints it with defaults)")
-    p.add_argument("--show", action="store_true")
-    p.set_defaults(handler=cmd_check_params)

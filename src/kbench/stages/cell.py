@@ -457,9 +457,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         help="a method that cannot act on the substrate writes a skip marker instead of failing",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--queue", action="store_true",
-                   help="read one cell per line on stdin (\"<substrate> <seed> <method>\") and run each (the "
-                   "children of --all-methods and --controls)")
+    # Read one cell per line on stdin ("<substrate> <seed> <method>") and run each: the children of
+    # --all-methods and --controls; internal, so hidden from --help.
+    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--controls", action="store_true",
                    help="the LoRA-D control on every adapter-free substrate and seed, execution.cell_workers side by "
                    "side (the DVC stage `controls` uses this)")

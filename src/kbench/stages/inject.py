@@ -177,5 +177,5 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                     corpus=CORPUS_DIR)
     p.add_argument("--workers", type=int, default=None,
                    help="trainings side by side, from a work queue (default: execution.inject_workers)")
-    p.add_argument("--queue", action="store_true",
-                   help="read one adapter name per line on stdin and train it (the children of the stage)")
+    # Read one adapter name per line on stdin and train it: the stage's children; hidden from --help.
+    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)

@@ -259,5 +259,5 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                     corpus=CORPUS_DIR)
     p.add_argument("--model", action="append", default=None,
                    help="probe only this model key (repeatable; summary.json lists them)")
-    p.add_argument("--queue", action="store_true",
-                   help="read one model key per line on stdin and probe each (the children of the stage)")
+    # Read one model key per line on stdin and probe each: the stage's children; hidden from --help.
+    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)

@@ -336,5 +336,5 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    help="train this run only (repeatable)")
     p.add_argument("--workers", type=int, default=None,
                    help="runs side by side, from a work queue (default: execution.unlearn_workers)")
-    p.add_argument("--queue", action="store_true",
-                   help="read one METHOD/RECIPE per line on stdin and train each (the children of the stage)")
+    # Read one METHOD/RECIPE per line on stdin and train each: the stage's children; hidden from --help.
+    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)
