@@ -15,6 +15,10 @@ Positions follow the attention mask, as in `generate`. A batch cache keeps spare
 writes each decoded token's keys and values into the next one (`GrowingLayer`), so a decode
 step copies nothing; no column a state or checkpoint refers to is ever written again, so a
 `Checkpoint` is a token offset plus references, and `restore` is exact.
+
+The engine is built for transformers' full-attention `DynamicLayer` caches as of the pinned
+transformers (pyproject.toml): `engine_support` tells, from the model's config alone, whether
+a model fits; the hf backend decodes one that does not with `generate` instead.
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
 #: Shared prefixes shorter than this are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
 #: Shared prefixes the engine keeps (least recently used dropped first).
 MAX_SHARED_PREFIXES = 4
 #: Spare columns a batch cache allocates beyond what it holds: room for a reply's decode
-#: steps (96 new tokens by default) without reallocating.
+#: steps (`max_new_tokens` of the default params) without reallocating.
 SPARE_COLUMNS = 128
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]
@@ -113,10 +117,48 @@ def unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+#: What `GrowingLayer` and `growing_cache` read or write on transformers' cache classes.
+_LAYER_FIELDS = ("keys", "values", "is_initialized", "get_seq_length", "update", "get_mask_sizes")
+_CACHE_FIELDS = ("layers", "layer_class_to_replicate")
+
+
+def engine_support(model: Any) -> str | None:
+    """None when the engine decodes `model` as `generate` would; otherwise why not, in a line.
+
+    The engine keeps every layer's keys and values whole (`GrowingLayer`, a `DynamicLayer`), so
+    every layer must be full attention: what transformers' `DynamicCache` would build for the
+    model's config (its `layer_types`, else `sliding_window` / `attention_chunk_size`, which a
+    config such as Qwen2's sets from `use_sliding_window`) is a plain `DynamicLayer` per layer,
+    with no sliding-window, chunked, linear or shared one. The model's forward must take
+    `cache=`, and the cache classes must have the fields the engine writes. Reads the config and the classes only: no forward pass.
+    """
+    layer, cache = DynamicLayer(), DynamicCache()
+    missing = [f"DynamicLayer.{f}" for f in _LAYER_FIELDS if not hasattr(layer, f)]
+    missing += [f"DynamicCache.{f}" for f in _CACHE_FIELDS if not hasattr(cache, f)]
+    if missing or getattr(layer, "is_sliding", False):
+        return f"this transformers' cache classes lack what the engine uses ({', '.join(missing) or 'is_sliding'})"
+    base = unwrap(model)
+    if "cache" not in inspect.signature(base.forward).parameters:
+        return f"{type(base).__name__}.forward takes no `cache` argument"
+    config = base.config.get_text_config(decoder=True)
+    try:
+        layer_types, _ = get_layer_types_and_kwargs(config)
+    except Exception as exc:  # a config transformers cannot lay out is not one the engine knows
+        return f"cannot read the model's attention layout ({type(exc).__name__}: {exc})"
+    other = sorted({t for t in layer_types if DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not DynamicLayer})
+    if other:
+        return f"not every layer is full attention ({', '.join(other)} layers in the model config)"
+    return None
+
+
 class Engine:
-    """Greedy decoding for an HF causal LM over `KVState`s (one per sequence)."""
+    """Greedy decoding for an HF causal LM over `KVState`s (one per sequence); ValueError for a
+    model `engine_support` refuses."""
 
     def __init__(self, model: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+        reason = engine_support(model)
+        if reason is not None:
+            raise ValueError(f"the KV engine cannot decode this model: {reason}")
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -404,7 +446,7 @@ class GrowingLayer(DynamicLayer):
     """A cache layer whose keys and values are the first columns of buffers with spare ones.
 
     `DynamicLayer` concatenates at every forward pass, a copy of the whole cache per decoded
-    token (about a fifth of a decode pass at C's 700-token prompts, batch 16). This layer
+    token (its cost: BENCHMARKS.md, "Decode without concatenation"). This layer
     writes the new columns into the spare ones and hands attention views of the same shape
     and values, so every logit is the same bit for bit. Columns a view was handed out for are
     never written again; a layer whose keys were replaced or cropped reallocates instead.

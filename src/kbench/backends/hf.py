@@ -10,11 +10,14 @@ is kept across its ReAct steps (`Backend.session`) and prompts that start alike 
 prefilled prefix. `model.engine: generate` runs transformers' `generate` on the whole
 left-padded prompt at every step instead (`reference_decode`): the harness as it was before
 the engine, the reference the engine is checked against (benchmarks/agent_throughput.py).
+A model the engine was not built for (`engine_support`: a sliding-window or hybrid attention
+layout, say) decodes with `generate` whatever `model.engine` says, after one log line.
 Either way a padded row computes what the row alone would (tests/test_agent_lockstep.py).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,13 +34,15 @@ from kbench.backends.base import (
     register_backend,
     truncate_at_stop,
 )
-from kbench.backends.engine import Engine, KVState
+from kbench.backends.engine import Engine, KVState, engine_support
 from kbench.config import ModelConfig
 from kbench.names import GENERATE_ENGINE, HF_BACKEND
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: End-of-turn markers of common chat templates (ChatML, Llama 3, Mistral, Gemma).
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>")
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -131,16 +136,24 @@ def greedy_decode(
     A row ends at an end-of-turn token (`eos_token_ids`, default `end_of_turn_ids`) or at
     the first `stop` string (the text is cut before it). `states` (one per conversation)
     keep each sequence's cache for its next call; `engine` keeps shared prefixes across calls.
+    Without either, a model the engine does not support decodes with `reference_decode`.
     """
     if not conversations:
         return []
+    size = batch_size or len(conversations)
+    texts: list[str] = []
     if engine is None:
         ids = end_of_turn_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids
+        reason = engine_support(model) if states is None else None
+        if reason is not None:
+            log.warning("decoding with transformers' generate, not the KV engine: %s", reason)
+            for start in range(0, len(conversations), size):
+                texts += reference_decode(model, tokenizer, conversations[start : start + size],
+                                          max_new_tokens=max_new_tokens, stop=stop, eos_token_ids=ids)
+            return texts
         engine = Engine(model, tokenizer, ids)
     states = [KVState() for _ in conversations] if states is None else states
     prompts = [encode_prompt(tokenizer, c) for c in conversations]
-    size = batch_size or len(conversations)
-    texts: list[str] = []
     for start in range(0, len(conversations), size):
         outputs = engine.generate(
             states[start : start + size], prompts[start : start + size],
@@ -189,12 +202,17 @@ class HFBackend(Backend):
         if tokenizer.chat_template is None:
             raise BackendError(f"the tokenizer in {config.path!r} has no chat template")
         tokenizer.padding_side = "left"
+        self._path = config.path
         self._tokenizer = tokenizer
         self._model = model
-        self._reference = config.engine == GENERATE_ENGINE
         # Found once: a vocabulary scan per ReAct step would sit on the agent's hot path.
         self._end_of_turn_ids = end_of_turn_ids(model, tokenizer)
-        self._engine = Engine(model, tokenizer, self._end_of_turn_ids)
+        #: Why the KV engine cannot decode this model (None: it can); then `generate` decodes.
+        self._unsupported = engine_support(model)
+        if self._unsupported is not None and config.engine != GENERATE_ENGINE:
+            log.warning("model.engine: kv falls back to generate for %s: %s", config.path, self._unsupported)
+        self._reference = config.engine == GENERATE_ENGINE or self._unsupported is not None
+        self._engine = None if self._unsupported else Engine(model, tokenizer, self._end_of_turn_ids)
 
     @property
     def model(self) -> Any:
@@ -216,7 +234,8 @@ class HFBackend(Backend):
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load the LoRA adapter at {path!r}: {exc}") from None
         self._model = (wrapped.merge_and_unload() if merge else wrapped).eval()
-        self._engine = Engine(self._model, self._tokenizer, self._end_of_turn_ids)
+        if self._unsupported is None:
+            self._engine = Engine(self._model, self._tokenizer, self._end_of_turn_ids)
 
     @property
     def batch_rows(self) -> tuple[int, ...] | None:
@@ -227,7 +246,10 @@ class HFBackend(Backend):
 
     @property
     def engine(self) -> Engine:
-        """The KV engine over the current weights (a loaded adapter gets a new one)."""
+        """The KV engine over the current weights (a loaded adapter gets a new one); BackendError
+        for a model the engine does not support."""
+        if self._engine is None:
+            raise BackendError(f"the KV engine cannot decode the model in {self._path!r}: {self._unsupported}")
         return self._engine
 
     def session(self) -> KVState | None:
