@@ -223,7 +223,8 @@ def test_debug_shows_the_traceback(tmp_path):
     ({"methods": []}, "key 'methods': empty"),
     ({"p_recipes": []}, "method 'gold' acts on ['P'], none of which is in the design"),
     ({"queries": {"n_per_split": 900}}, "key 'queries.n_per_split': 900 queries per split"),
-    ({"model": {"backend": "openai", "path": "m", "base_url": "http://u:pw@127.0.0.1:9/v1"}},
+    ({"model": {"backend": "openai", "path": "m", "base_url": "http://u:pw@127.0.0.1:9/v1"}, "p_recipes": [],
+      "methods": ["none"], "agent_base": {"enabled": False}},
      "nothing answers at http://***@127.0.0.1:9/v1"),
 ])
 def test_a_bad_design_is_refused_by_kbench_params_before_any_stage(capsys, tmp_path, sections, names):
