@@ -422,20 +422,28 @@ class ReportConfig(_Section):
     results: str = "docs/results.md"
 
 
+#: `methods: all`: every registered method (`kbench.methods.all_methods`).
+ALL_METHODS = "all"
+
+
 class Params(_Section):
     corpus: CorpusConfig = CorpusConfig()
     seeds: list[int] = [0]
     queries: QueriesConfig = QueriesConfig()
     #: Adapter-free substrates (stage `cell`); P runs in `cell_p`. Checked against the registry.
     substrates: list[str] = [CONTEXT, TEXT_RETRIEVAL, STRUCT_RETRIEVAL]
-    #: Registered methods; each runs on every substrate it can act on. A params file without the
-    #: key runs the baseline and gold; params.yaml lists every registered method (docs/methods.md).
-    methods: list[str] = [BASELINE_METHOD, GOLD_METHOD]
+    #: Registered methods; each runs on every substrate it can act on. `all` (params.yaml's value):
+    #: every registered method, in the order of `kbench.methods.all_methods`; the design check
+    #: (`kbench.design.check_design`) replaces it by that list. A params file without the key runs
+    #: the baseline and gold (docs/methods.md).
+    methods: list[str] | Literal[ALL_METHODS] = [BASELINE_METHOD, GOLD_METHOD]
     #: Injection recipes a P cell runs (SPEC §3: the LoRA adapter and its merged-weight form);
     #: the CPU default runs the adapter, presets/cpu-full.yaml both.
     p_recipes: list[PRecipe] = [LORA]
     #: Each method's own section, passed straight into its constructor (its `Config` checks the
-    #: keys: `kbench.methods.method_config`); a method without an entry takes its defaults.
+    #: keys: `kbench.methods.method_config`). A params file states only what differs from the
+    #: defaults: the design check fills each method's section from its `Config`
+    #: (`kbench.methods.resolve_methods`), so `kbench params --show` prints every key.
     method_params: dict[str, dict[str, Any]] = {}
     fit: FitConfig = FitConfig()
     unlearning: UnlearningConfig = UnlearningConfig()
@@ -482,6 +490,8 @@ def format_validation_error(error: ValidationError, *, prefix: str = "") -> str:
 
 
 def parse_params(data: dict[str, Any], *, source: str = "params") -> Params:
+    """`data` validated against the schema. `kbench.design.load_design` also resolves the
+    methods against their registry (`methods: all`, each method's section filled in)."""
     try:
         return Params.model_validate(data or {})
     except ValidationError as exc:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from kbench.backends import backend_has_weights, backend_names
 from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
 from kbench.corpus import CorpusError, pool_sizes
-from kbench.methods import method_class, method_config, method_names
+from kbench.methods import method_class, method_names, resolve_methods
 from kbench.methods.base import WEIGHT_HOOKS
 from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, PARAMETRIC
 from kbench.records import SPLITS
@@ -104,14 +104,6 @@ def require_weights(params: Params, stage: str, why: str) -> None:
                           "an endpoint runs the adapter-free cells only: `dvc repro cell` (docs/models.md)")
 
 
-def _method_section(name: str, params: Params) -> None:
-    """`method_params.<name>` passes its method's `Config` (the error names the key)."""
-    try:
-        method_config(name, params)
-    except ParamsError as exc:
-        raise ParamsError(str(exc).removeprefix("params: ")) from None
-
-
 def check_pools(params: Params) -> None:
     """A generated corpus's eval pools hold `queries.n_per_split` queries (an imported corpus is
     checked when the corpus stage reads it, `kbench.stages.corpus`)."""
@@ -132,15 +124,14 @@ def check_pools(params: Params) -> None:
 
 
 def check_design(params: Params, *, source: str = "params") -> Params:
-    """`params` if every registered name it uses is registered and its grid can run; else
-    ParamsError naming the key."""
+    """`params` with its methods resolved (`methods: all` expanded, each method's section filled
+    in: `kbench.methods.resolve_methods`) if every registered name it uses is registered and its
+    grid can run; else ParamsError naming the key."""
     try:
+        params = resolve_methods(params)
         _check([params.model.backend], backend_names(), "model.backend", "backend")
         _check(params.substrates, substrate_names(), "substrates", "substrate")
         _check(params.methods, method_names(), "methods", "method")
-        _check(list(params.method_params), method_names(), "method_params", "method")
-        for name in params.method_params:
-            _method_section(name, params)
         _check([params.scoring.rule], scoring_rule_names(), "scoring.rule", "scoring rule")
         _check_endpoint(params)
         _check_grid(params)
@@ -175,7 +166,8 @@ def check_model_present(params: Params, *, source: str = "params", timeout_s: fl
 
 
 def load_design(path: str | Path = DEFAULT_PARAMS) -> Params:
-    """A params file read, validated against the schema and checked against the registries."""
+    """A params file read, validated against the schema, resolved and checked against the
+    registries: what every stage runs on (`check_design`)."""
     return check_design(load_params(path), source=str(path))
 
 

@@ -1,21 +1,30 @@
-"""Unlearning methods; importing this package registers every method module in it.
+"""Unlearning methods; importing this package registers every method there is.
 
-A method is one module here with one `@register_method` class: it is found by scanning the
-package, so adding a method touches no other file.
+A method is one module with one `@register_method` class, found in one of two ways, so adding
+a method touches no other file (docs/methods.md, "Adding a method"):
+
+- a module in this package: found by scanning it;
+- a module of your own project: named in an entry point of the group `kbench.methods` of an
+  installed distribution (`[project.entry-points."kbench.methods"]` in its pyproject.toml,
+  `my-method = "my_package.my_method"`); it is imported after the package's own methods.
 """
 
 import importlib
 import pkgutil
+from importlib.metadata import entry_points
 
 from kbench.methods.base import (
     ALL_SUBSTRATES,
+    FAMILIES,
     Fitted,
     Hook,
     Method,
     MethodConfig,
     MethodContext,
     MethodError,
+    all_methods,
     build_method,
+    resolve_methods,
     method_class,
     method_config,
     method_names,
@@ -23,19 +32,41 @@ from kbench.methods.base import (
     unregister_method,
 )
 
+#: The entry-point group a distribution names its method modules in.
+ENTRY_POINT_GROUP = "kbench.methods"
+
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in {"base", "activation", "fitting", "residual", "unlearning"}:  # the interface and shared helpers
         importlib.import_module(f"{__name__}.{_module.name}")
 
+
+def load_plugins() -> list[str]:
+    """Import every module named in the `kbench.methods` entry points (in name order), which
+    registers its methods; returns the modules imported. Run once when this package loads;
+    calling it again imports nothing new."""
+    loaded = []
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
+        importlib.import_module(point.module)
+        loaded.append(point.module)
+    return loaded
+
+
+load_plugins()
+
 __all__ = [
     "ALL_SUBSTRATES",
+    "ENTRY_POINT_GROUP",
+    "FAMILIES",
     "Fitted",
     "Hook",
     "Method",
     "MethodConfig",
     "MethodContext",
     "MethodError",
+    "all_methods",
     "build_method",
+    "resolve_methods",
+    "load_plugins",
     "method_class",
     "method_config",
     "method_names",

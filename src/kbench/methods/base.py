@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kbench.backends import Backend, Conversation
-from kbench.config import Params, ParamsError, format_validation_error
+from kbench.config import ALL_METHODS, Params, ParamsError, format_validation_error
 from kbench.corpus import Corpus
 from kbench.records import Query
 from kbench.registry import Registry
@@ -84,6 +84,10 @@ class Method:
     name: ClassVar[str]
     substrates: ClassVar[frozenset[str]]
     hooks: ClassVar[frozenset[Hook]]
+    #: The SPEC §11 family (one of `FAMILIES`; set at registration, None when not declared).
+    family: ClassVar[str | None] = None
+    #: Where `methods: all` puts the method (`all_methods`; set at registration).
+    order: ClassVar[int | None] = None
     #: The params section's model; `method_params.<name>` is validated by it.
     Config: ClassVar[type[MethodConfig]] = MethodConfig
     #: True when the method learns something in the `fit` stage (it implements `fit`; set at registration).
@@ -150,10 +154,21 @@ class Method:
 
 _METHODS: Registry[type[Method]] = Registry("method", MethodError)
 
+#: The method families of SPEC §11, in its order (a method declares one at registration).
+FAMILIES: tuple[str, ...] = (
+    "control", "input corruption", "reasoning-trace filtering", "activation editing", "architectural gating",
+    "gradient unlearning", "published roster", "reference",
+)
 
 def register_method(
-    name: str, *, substrates: frozenset[str], hooks: frozenset[Hook] = frozenset()
+    name: str, *, substrates: frozenset[str], hooks: frozenset[Hook] = frozenset(), family: str | None = None,
+    order: int | None = None,
 ) -> Callable[[type[Method]], type[Method]]:
+    """Register a method class under `name`: the substrates it can act on, the hooks it
+    implements (checked against what it overrides), its family (one of `FAMILIES` for the
+    built-in methods; `kbench list methods` shows it) and where `methods: all` puts it (`order`,
+    ascending; None: after every method that declares one, by name)."""
+
     def decorate(cls: type[Method]) -> type[Method]:
         unknown = set(substrates) - set(substrate_names())
         if unknown:
@@ -167,6 +182,7 @@ def register_method(
                 f"method {name!r} declares hooks {sorted(hooks)} but implements {sorted(overridden)}"
             )
         cls.name, cls.substrates, cls.hooks = name, frozenset(substrates), frozenset(hooks)
+        cls.family, cls.order = family, order
         cls.fits = cls.fit is not Method.fit
         return _METHODS.add(name, cls)
 
@@ -179,20 +195,53 @@ def unregister_method(name: str) -> None:
 
 
 def method_names() -> list[str]:
+    """Every registered method, by name."""
     return _METHODS.names()
+
+
+def all_methods() -> list[str]:
+    """What `methods: all` stands for: every registered method, by the `order` it declares
+    (the built-in ones: the default run's grid as it has always been listed), then those that
+    declare none, by name."""
+    return sorted(method_names(), key=lambda name: (method_class(name).order is None, method_class(name).order or 0, name))
 
 
 def method_class(name: str) -> type[Method]:
     return _METHODS.get(name)
 
 
+def _validated(name: str, section: dict[str, Any]) -> MethodConfig:
+    """One method's section validated by its `Config`; ParamsError naming the offending key."""
+    try:
+        return method_class(name).Config.model_validate(section)
+    except ValidationError as exc:
+        raise ParamsError(format_validation_error(exc, prefix=f"method_params.{name}")) from None
+
+
 def method_config(name: str, params: Params) -> MethodConfig:
     """`method_params.<name>` validated by the method's `Config` (defaults where absent)."""
-    cls = method_class(name)
     try:
-        return cls.Config.model_validate(params.method_params.get(name) or {})
-    except ValidationError as exc:
-        raise ParamsError(f"params: {format_validation_error(exc, prefix=f'method_params.{name}')}") from None
+        return _validated(name, params.method_params.get(name) or {})
+    except ParamsError as exc:
+        raise ParamsError(f"params: {exc}") from None
+
+
+def resolve_methods(params: Params) -> Params:
+    """`params` with its methods resolved against the registry: `methods: all` replaced by
+    `all_methods()`, and `method_params` filled in, every method of `methods` (and any other
+    section given) with every key of its `Config` at its effective value, the given ones over
+    the defaults; so a params file states only what it changes. A method without keys has no
+    section. An unknown method in `method_params`, or an unknown or invalid key, is a
+    ParamsError naming it (an unknown entry of `methods` is left to `kbench.design`)."""
+    methods = all_methods() if params.methods == ALL_METHODS else list(params.methods)
+    unknown = [name for name in params.method_params if name not in _METHODS]
+    if unknown:
+        raise ParamsError(f"key 'method_params': unknown method(s) {unknown}; registered: {method_names()}")
+    filled: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys([*methods, *params.method_params]):
+        if name in _METHODS and (section := _validated(name, params.method_params.get(name) or {}).model_dump(mode="json")):
+            filled[name] = section
+    return params.model_copy(update={"methods": methods, "method_params": filled})
 
 
 def build_method(name: str, context: MethodContext) -> Method:

@@ -21,8 +21,11 @@ def inverted_hinge(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return 1.0 + true - rival
 
 
-@register_method("cha", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("cha", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="gradient unlearning", order=150)
 class LoKU(WeightMethod):
+    """LoKU's inverted hinge loss on the forget answers plus the retain NLL."""
+
     def unlearning_loss(self, step: UnlearnStep) -> StepLoss:
         scored = step.policy(FORGET_SET)
         forget = inverted_hinge(scored.logits, scored.targets).mean()

@@ -58,7 +58,8 @@ def _embedding_rms(model: Any) -> float:
     return float(weight.detach().float().pow(2).mean().sqrt())
 
 
-@register_method("eco", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+@register_method("eco", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}),
+                 family="input corruption", order=20)
 class ECO(Method):
     """Gated noise on the queried entity's name-token input embeddings."""
 

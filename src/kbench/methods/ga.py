@@ -20,8 +20,11 @@ class GAConfig(MethodConfig):
     budget: dict = {}
 
 
-@register_method("ga", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("ga", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="gradient unlearning", order=90)
 class GradientAscent(WeightMethod):
+    """Gradient ascent on the forget answers' NLL, with no retain term."""
+
     Config: ClassVar[type[MethodConfig]] = GAConfig
 
     def unlearning_loss(self, step: UnlearnStep) -> StepLoss:

@@ -10,6 +10,6 @@ from kbench.methods.base import Method, register_method
 from kbench.names import GOLD_METHOD, PARAMETRIC
 
 
-@register_method(GOLD_METHOD, substrates=frozenset({PARAMETRIC}))
+@register_method(GOLD_METHOD, substrates=frozenset({PARAMETRIC}), family="reference", order=10)
 class GoldReference(Method):
     """The retain-only adapter in place of LoRA-T+D; nothing else changes."""

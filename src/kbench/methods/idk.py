@@ -19,8 +19,11 @@ class IDKConfig(UnlearnConfig):
     beta: float = Field(0.1, gt=0)
 
 
-@register_method("idk", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("idk", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="gradient unlearning", order=140)
 class IDontKnow(WeightMethod):
+    """DPO toward a refusal on the forget prompts plus the retain NLL."""
+
     Config: ClassVar[type[MethodConfig]] = IDKConfig
     needs_alternates = True
     config: IDKConfig

@@ -43,9 +43,12 @@ def _singular_values(fitter: Any) -> torch.Tensor:
     return torch.linalg.svdvals(whiten @ fitter.sigma_xz)
 
 
-@register_method("leace", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+@register_method("leace", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}),
+                 family="activation editing", order=40)
 class LEACE(ActivationEdit):
-    """h -> h - ((h - mean) R^T) L^T, the fitted eraser (identity when no direction is kept)."""
+    """The closed-form linear eraser of the forget-vs-retain concept at one layer.
+
+    h -> h - ((h - mean) R^T) L^T, the fitted eraser (identity when no direction is kept)."""
 
     Config = LeaceConfig
     config: LeaceConfig

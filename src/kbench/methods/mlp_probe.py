@@ -31,7 +31,8 @@ def _gelu_grad(z: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
 
 
-@register_method("mlp-probe", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+@register_method("mlp-probe", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}),
+                 family="activation editing", order=60)
 class MLPProbe(ActivationEdit):
     """One step down the probe's forget logit at every position."""
 

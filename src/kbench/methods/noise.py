@@ -10,24 +10,30 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from kbench.methods.base import ALL_SUBSTRATES, Fitted, MethodContext, build_method, register_method
+from kbench.methods.base import (
+    ALL_SUBSTRATES, Fitted, MethodContext, all_methods, build_method, method_class, register_method,
+)
 from kbench.methods.fitting import Activations, FitData
-from kbench.methods.leace import LEACE
-from kbench.methods.mlp_probe import MLPProbe
-from kbench.methods.repe import RepE
-from kbench.methods.rlace import RLACE
 from kbench.methods.activation import ActivationEdit, LayerConfig
 from kbench.methods.residual import check_layer, mean_edit_norm
 
 
+def activation_methods() -> list[str]:
+    """Every registered activation method but noise itself, in the order of `methods: all`
+    (the built-in ones: leace, repe, mlp-probe, r-lace)."""
+    return [name for name in all_methods()
+            if issubclass(method_class(name), ActivationEdit) and not issubclass(method_class(name), Noise)]
+
+
 class NoiseConfig(LayerConfig):
-    #: The activation methods whose mean edit norm c matches (each measured at its own layer).
-    matched_to: list[str] = Field([LEACE.name, RepE.name, MLPProbe.name, RLACE.name], min_length=1)
+    #: The activation methods whose mean edit norm c matches (each measured at its own layer);
+    #: by default every registered one.
+    matched_to: list[str] = Field(default_factory=activation_methods, min_length=1)
     #: Seeds the direction.
     seed: int = 0
 
 
-@register_method("noise", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+@register_method("noise", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}), family="control", order=80)
 class Noise(ActivationEdit):
     """A random direction of the activation methods' mean edit norm."""
 

@@ -27,8 +27,11 @@ def npo_forget_loss(step: UnlearnStep, beta: float) -> torch.Tensor:
     return -2.0 / beta * torch.nn.functional.logsigmoid(-beta * log_ratio).mean()
 
 
-@register_method("npo", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("npo", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="gradient unlearning", order=110)
 class NPO(WeightMethod):
+    """Negative preference optimization on the forget answers plus the retain NLL."""
+
     Config: ClassVar[type[MethodConfig]] = NPOConfig
     config: NPOConfig
 

@@ -9,8 +9,11 @@ from kbench.methods.unlearning import P_ONLY, WeightMethod
 from kbench.methods.unlearning import StepLoss, UnlearnStep
 
 
-@register_method("npo-kl", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("npo-kl", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="gradient unlearning", order=120)
 class NPOKL(WeightMethod):
+    """NPO's forget term plus a KL to the target before unlearning on retain answers."""
+
     Config: ClassVar[type[MethodConfig]] = NPOConfig
     config: NPOConfig
 

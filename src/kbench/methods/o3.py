@@ -76,8 +76,11 @@ def read_lora(folder: Path) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]
     return pairs, float(config["lora_alpha"]) / float(config["r"])
 
 
-@register_method("o3", substrates=P_ONLY, hooks=frozenset({"forward"}))
+@register_method("o3", substrates=P_ONLY, hooks=frozenset({"forward"}),
+                 family="architectural gating", order=170)
 class O3(WeightMethod):
+    """A second LoRA toward a refusal, switched on by a forget-query detector (the oracle)."""
+
     Config: ClassVar[type[MethodConfig]] = O3Config
     needs_alternates = True
     own_adapter = True
@@ -160,7 +163,8 @@ class O3At75Config(O3GateConfig):
     detector_accuracy: float = Field(0.75, ge=0, le=1)
 
 
-@register_method("o3-90", substrates=P_ONLY, hooks=frozenset({"forward"}))
+@register_method("o3-90", substrates=P_ONLY, hooks=frozenset({"forward"}),
+                 family="architectural gating", order=180)
 class O3At90(O3):
     """O3's weights behind a detector right on 90% of queries."""
 
@@ -168,7 +172,8 @@ class O3At90(O3):
     weights_of = "o3"
 
 
-@register_method("o3-75", substrates=P_ONLY, hooks=frozenset({"forward"}))
+@register_method("o3-75", substrates=P_ONLY, hooks=frozenset({"forward"}),
+                 family="architectural gating", order=190)
 class O3At75(O3):
     """O3's weights behind a detector right on 75% of queries."""
 

@@ -17,9 +17,10 @@ class RepeConfig(LayerConfig):
     alpha: float = 1.0
 
 
-@register_method("repe", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+@register_method("repe", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}),
+                 family="activation editing", order=50)
 class RepE(ActivationEdit):
-    """Contrastive mean-difference direction, projected out."""
+    """Contrastive mean-difference direction of forget vs retain, projected out at one layer."""
 
     Config = RepeConfig
     config: RepeConfig

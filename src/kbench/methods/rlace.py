@@ -25,9 +25,12 @@ def _covariance(x: torch.Tensor) -> torch.Tensor:
     return centred.T @ centred / max(len(x) - 1, 1)
 
 
-@register_method("r-lace", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}))
+@register_method("r-lace", substrates=ALL_SUBSTRATES, hooks=frozenset({"forward"}),
+                 family="activation editing", order=70)
 class RLACE(ActivationEdit):
-    """h -> h - (h U) U^T over the rank-k spectral subspace."""
+    """Removes a rank-k subspace of the forget-vs-retain concept at one layer.
+
+    h -> h - (h U) U^T over the rank-k spectral subspace."""
 
     Config = RlaceConfig
     config: RlaceConfig

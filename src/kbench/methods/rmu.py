@@ -35,8 +35,10 @@ def _mse(scored: Scored, target: torch.Tensor) -> torch.Tensor:
     return (scored.example_sum(per_token) / scored.example_lengths()).mean()
 
 
-@register_method("rmu", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("rmu", substrates=P_ONLY, hooks=frozenset({"weights"}), family="published roster", order=160)
 class RMU(WeightMethod):
+    """Steers a middle layer's output on forget answers toward a random direction."""
+
     Config: ClassVar[type[MethodConfig]] = RMUConfig
     config: RMUConfig
 

@@ -19,8 +19,11 @@ class SimNPOConfig(UnlearnConfig):
     delta: float = 0.0
 
 
-@register_method("simnpo", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("simnpo", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="published roster", order=130)
 class SimNPO(WeightMethod):
+    """Reference-free NPO on length-normalized forget NLL plus the retain NLL."""
+
     Config: ClassVar[type[MethodConfig]] = SimNPOConfig
     config: SimNPOConfig
 

@@ -37,7 +37,8 @@ def sentences(line: str) -> list[str]:
     return [s for s in _SENTENCE_END.split(line) if s]
 
 
-@register_method("star", substrates=ALL_SUBSTRATES, hooks=frozenset({"output"}))
+@register_method("star", substrates=ALL_SUBSTRATES, hooks=frozenset({"output"}),
+                 family="reasoning-trace filtering", order=30)
 class StaR(Method):
     """Redacts thought sentences close to a forget entity's description."""
 

@@ -22,8 +22,11 @@ class UNDIALConfig(UnlearnConfig):
     beta: float = Field(10.0, ge=0)
 
 
-@register_method("undial", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("undial", substrates=P_ONLY, hooks=frozenset({"weights"}),
+                 family="published roster", order=210)
 class UNDIAL(WeightMethod):
+    """Self-distillation toward the reference with the true token's logit lowered."""
+
     Config: ClassVar[type[MethodConfig]] = UNDIALConfig
     config: UNDIALConfig
 

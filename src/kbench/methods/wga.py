@@ -16,8 +16,10 @@ class WGAConfig(UnlearnConfig):
     beta: float = Field(1.0, ge=0)
 
 
-@register_method("wga", substrates=P_ONLY, hooks=frozenset({"weights"}))
+@register_method("wga", substrates=P_ONLY, hooks=frozenset({"weights"}), family="published roster", order=200)
 class WeightedGradientAscent(WeightMethod):
+    """Gradient ascent with each forget token weighted by its probability, plus the retain NLL."""
+
     Config: ClassVar[type[MethodConfig]] = WGAConfig
     config: WGAConfig
 
