@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -7,6 +8,7 @@ import yaml
 
 from kbench.cli.main import main
 from kbench.config import ParamsError, load_params, parse_params
+from kbench.design import check_design, load_design
 
 from conftest import REPO
 
@@ -22,33 +24,38 @@ def _keys(data, prefix=""):
 
 @pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml"])
 def test_shipped_params_are_valid(name):
-    load_params(REPO / name)
+    load_design(REPO / name)  # the schema, the registries and every method's section
+
+
+def _method_keys(keys):
+    return {key for key in keys if key.startswith("method_params.")}
 
 
 def test_presets_set_every_key_and_the_same_keys():
     cpu = yaml.safe_load((REPO / "presets/cpu.yaml").read_text())
     paper = yaml.safe_load((REPO / "presets/paper.yaml").read_text())
-    assert _keys(cpu) == _keys(paper)
+    # The same keys, but for the methods' sections, where a preset states only what it changes.
+    assert _keys(cpu) - _method_keys(_keys(cpu)) == _keys(paper) - _method_keys(_keys(paper))
     # Every schema key is written out: params.yaml is the single source of truth.
     assert _keys(load_params(REPO / "presets/cpu.yaml").model_dump()) == _keys(cpu)
 
 
 def test_cpu_full_preset_runs_every_method_with_power_and_two_seeds():
-    from kbench.methods import method_names
+    from kbench.methods import all_methods
     from kbench.names import P_RECIPES
     from kbench.observer.power import smallest_p
     from kbench.observer.verdicts import K_REF, K_REF_INF, K_SUP, MF, reachable_classes
 
-    full = load_params(REPO / "presets/cpu-full.yaml")
-    default = load_params(REPO / "params.yaml")
-    assert sorted(full.methods) == sorted(method_names())
+    full = load_design(REPO / "presets/cpu-full.yaml")
+    default = load_design(REPO / "params.yaml")
+    assert full.methods == all_methods()
     assert sorted(full.substrates) == sorted(default.substrates) and full.p_recipes == list(P_RECIPES)
     assert len(full.seeds) >= 2  # tau is defined
     lowest = smallest_p(full.queries.n_per_split * len(full.seeds))
     assert {K_REF_INF, K_REF, K_SUP, MF} <= set(reachable_classes(lowest, full.scoring))
-    # Nothing else differs from the CPU default.
+    # Nothing else differs from the CPU default, the methods' sections included.
     changed = {k for k, v in full.model_dump().items() if default.model_dump()[k] != v}
-    assert changed <= {"seeds", "queries", "methods", "p_recipes", "report"}
+    assert changed <= {"seeds", "queries", "p_recipes", "report"}
 
 
 def test_paper_preset_is_paper_scale():
@@ -128,3 +135,61 @@ def test_a_lora_section_means_the_same_in_both_places():
     assert type(params.agent_base.lora).model_fields.keys() == type(params.injection.lora).model_fields.keys()
     with pytest.raises(ParamsError, match="exactly one of epochs and steps"):
         parse_params({"injection": {"lora": {"steps": 10}}})
+
+
+def test_methods_all_is_every_registered_method_in_a_fixed_order():
+    from kbench.methods import all_methods, method_class
+
+    params = check_design(parse_params({"methods": "all"}))
+    assert params.methods == all_methods()
+    assert [method_class(name).order for name in params.methods] == sorted(method_class(n).order for n in params.methods)
+    # The built-in methods keep the order the default run has always listed them in.
+    assert params.methods == ["none", "gold", "eco", "star", "leace", "repe", "mlp-probe", "r-lace", "noise", "ga", "gd",
+                              "npo", "npo-kl", "simnpo", "idk", "cha", "rmu", "o3", "o3-90", "o3-75", "wga", "undial"]
+    # An explicit list is kept as given, in its order.
+    assert check_design(parse_params({"methods": ["star", "none"]})).methods == ["star", "none"]
+
+
+def test_the_loader_fills_each_methods_section_from_its_config():
+    from kbench.methods import method_class
+
+    params = check_design(parse_params({"methods": ["none", "eco", "o3"], "method_params": {"eco": {"strength": 2.0}}}))
+    assert params.method_params["eco"] == {**method_class("eco").Config().model_dump(mode="json"), "strength": 2.0}
+    assert params.method_params["o3"] == method_class("o3").Config().model_dump(mode="json")
+    assert "none" not in params.method_params  # a method without keys has no section
+    # The noise control matches every registered activation method by default.
+    noise = check_design(parse_params({"methods": ["noise"]})).method_params["noise"]
+    assert noise["matched_to"] == ["leace", "repe", "mlp-probe", "r-lace"]
+
+
+def test_a_filled_params_file_is_the_same_design_as_the_short_one(tmp_path):
+    """What the loader fills in is what a file that wrote every default out gives (the params
+    file before sections were filled): the same params, so the same digests and cells."""
+    from kbench.design import design_digest
+    from kbench.methods import method_config
+
+    short = load_design(REPO / "params.yaml")
+    written = tmp_path / "params.yaml"
+    written.write_text(yaml.safe_dump(short.model_dump(mode="json"), sort_keys=False))
+    full = load_design(written)
+    assert yaml.safe_load(written.read_text())["method_params"]["eco"]["strength"] == 16.0
+    assert full == short and design_digest(full) == design_digest(short)
+    for name in short.methods:
+        assert method_config(name, full).model_dump(mode="json") == method_config(name, short).model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    ("method_params", "message"),
+    [
+        ({"eco": {"strenght": 2.0}}, "unknown key 'method_params.eco.strenght'"),
+        ({"eco": {"strength": "loud"}}, "key 'method_params.eco.strength'"),
+        ({"bogus": {}}, "key 'method_params': unknown method(s) ['bogus']"),
+    ],
+)
+def test_a_methods_section_that_does_not_validate_is_named_in_one_line(kbench_root, capsys, method_params, message):
+    with pytest.raises(ParamsError, match=re.escape(message)):
+        check_design(parse_params({"method_params": method_params}))
+    (kbench_root / "params.yaml").write_text(yaml.safe_dump({"method_params": method_params}))
+    assert main(["params"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -11,8 +11,9 @@ import yaml
 from _imports import ROOT, SRC, all_modules, closure, covered, find_cycle, module_file, script_imports
 
 from kbench.backends import backend_names
-from kbench.config import Params, load_params
-from kbench.methods import method_config, method_names
+from kbench.config import ALL_METHODS, Params
+from kbench.design import load_design
+from kbench.methods import FAMILIES, all_methods, method_class, method_config, method_names
 from kbench.names import ANSWER_RULES
 from kbench.observer.matcher import scoring_rule_names
 from kbench.substrates import substrate_names
@@ -112,21 +113,44 @@ def test_the_names_module_names_only_registered_entries():
         assert getattr(names, constant) in registered, constant
 
 
-#: Keys the CPU default sets beyond the code defaults: the method grid (every registered method)
-#: and each method's section (its `Config` defaults, written out so every constant is in params.yaml).
+#: Keys the CPU default sets beyond the code defaults: the method grid (`all`: every registered
+#: method) and each method's section (filled in from its `Config` when the design is loaded).
 _GRID_KEYS = {"methods", "method_params"}
 
 
 @pytest.mark.parametrize("path", ["params.yaml", "presets/cpu.yaml"])
 def test_the_cpu_default_params_are_the_code_defaults(path):
-    params = load_params(ROOT / path)
+    params = load_design(ROOT / path)
     assert params.model_dump(exclude=_GRID_KEYS) == Params().model_dump(exclude=_GRID_KEYS)
-    assert sorted(params.methods) == sorted(method_names())  # every method is in the default grid
+    assert params.methods == all_methods()  # every method is in the default grid
     for name in method_names():
         config = method_config(name, params)
-        written = params.method_params.get(name, {})
-        assert set(written) == set(type(config).model_fields), f"method_params.{name} must write every key"
         assert config == type(config)(), f"method_params.{name} differs from its Config's defaults"
+        # `kbench params --show` prints every key of every method's section.
+        assert set(params.method_params.get(name, {})) == set(type(config).model_fields), name
+
+
+@pytest.mark.parametrize("path", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml"])
+def test_a_params_file_states_only_what_differs_from_a_methods_defaults(path):
+    """A method is one file: no params file repeats its defaults, so a new method or a new
+    default changes no params file."""
+    written = yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))
+    assert written["methods"] == ALL_METHODS, f"{path} must run every registered method (methods: all)"
+    for name, section in written["method_params"].items():
+        defaults = method_class(name).Config().model_dump(mode="json")
+        given = method_class(name).Config.model_validate(section).model_dump(mode="json")
+        repeated = sorted(key for key in section if given[key] == defaults[key])
+        assert repeated == [], f"{path}: method_params.{name} repeats the default of {repeated}"
+
+
+def test_every_built_in_method_declares_its_family_order_and_summary():
+    orders = [method_class(name).order for name in method_names()]
+    assert None not in orders and len(set(orders)) == len(orders)
+    for name in method_names():
+        cls = method_class(name)
+        assert cls.family in FAMILIES, name
+        doc = cls.__dict__.get("__doc__") or ""
+        assert doc.strip() and len(doc.strip().splitlines()[0]) <= 100, f"{name}: a one-line docstring summary"
 
 
 def test_every_package_has_a_public_init():

@@ -1,0 +1,122 @@
+"""A method is one file: a module of the user's own, outside src/kbench/methods, named in an
+entry point of the `kbench.methods` group, is listed, has its params section validated and
+filled, and runs in a cell, with no file of the project changed (docs/methods.md, "Adding a
+method")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+from _agent_fixtures import index_dir, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
+
+from kbench.cli.main import main
+from kbench.config import ParamsError, parse_params
+from kbench.design import check_design
+from kbench.methods import ENTRY_POINT_GROUP, all_methods, load_plugins, method_class, method_names, unregister_method
+
+from conftest import REPO
+
+NAME = "tmp-withhold"
+MODULE = "kbench_tmp_withhold"
+#: The whole method, as a user writes it: one module.
+SOURCE = textwrap.dedent(f'''
+    """`{NAME}`: answers every query with a fixed reply (a test's method)."""
+
+    from kbench.methods import ALL_SUBSTRATES, Method, MethodConfig, register_method
+
+
+    class WithholdConfig(MethodConfig):
+        #: What the agent answers instead.
+        reply: str = "Withheld."
+        #: Not used; a second key with a default.
+        strength: float = 1.0
+
+
+    @register_method("{NAME}", substrates=ALL_SUBSTRATES, hooks=frozenset({{"output"}}), family="control")
+    class Withhold(Method):
+        """Replaces every generation by a final answer of `reply`."""
+
+        Config = WithholdConfig
+
+        def filter_output(self, query, text):
+            return "Final Answer: " + self.config.reply
+''')
+
+
+@pytest.fixture
+def plugin_path(tmp_path_factory):
+    """A folder holding the method module and an installed distribution's metadata that names
+    it in the `kbench.methods` entry points (what `pip install` of a user's project writes)."""
+    folder = tmp_path_factory.mktemp("user-project")
+    (folder / f"{MODULE}.py").write_text(SOURCE, encoding="utf-8")
+    info = folder / f"{MODULE}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {MODULE}\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{NAME} = {MODULE}\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture
+def plugin(plugin_path, monkeypatch):
+    """The plugin loaded in this process as the package loads it; unloaded afterwards."""
+    monkeypatch.syspath_prepend(str(plugin_path))
+    assert MODULE in load_plugins()
+    yield plugin_path
+    unregister_method(NAME)
+    sys.modules.pop(MODULE, None)
+
+
+def test_a_user_method_is_listed_by_a_fresh_kbench(plugin_path):
+    """The way a user runs it: the module is on the path (installed), kbench finds it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "kbench.cli.main", "list", "methods", "--json"], cwd=REPO, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows[NAME]["family"] == "control"
+    assert rows[NAME]["description"] == "Replaces every generation by a final answer of `reply`."
+    assert set(rows) - {NAME} == set(method_names())  # the built-in ones, unchanged
+
+
+def test_a_user_method_joins_the_default_grid_after_the_built_in_ones(plugin):
+    assert NAME in method_names() and method_class(NAME).family == "control"
+    assert all_methods()[-1] == NAME  # no declared order: after every method that declares one
+    assert check_design(parse_params({"methods": "all"})).methods == all_methods()
+
+
+def test_a_user_methods_section_is_filled_and_checked(plugin):
+    params = check_design(parse_params({"methods": ["none", NAME], "method_params": {NAME: {"reply": "No."}}}))
+    assert params.method_params[NAME] == {"reply": "No.", "strength": 1.0}
+    with pytest.raises(ParamsError, match=f"unknown key 'method_params.{NAME}.volume'"):
+        check_design(parse_params({"methods": ["none", NAME], "method_params": {NAME: {"volume": 3}}}))
+
+
+def test_a_user_method_runs_in_a_cell(plugin, kbench_root, tiny_model_dir, small_corpus, index_dir, capsys):  # noqa: F811
+    from kbench.corpus import write_corpus
+
+    corpus_dir = kbench_root / "corpus"
+    write_corpus(small_corpus, corpus_dir)
+    params_file = kbench_root / "params.yaml"
+    params_file.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_model_dir)},
+        "agent_base": {"enabled": False},
+        "agent": {"max_iters": 2, "max_new_tokens": 8, "summary_max_new_tokens": 8, "batch_size": 4},
+        "queries": {"n_per_split": 2},
+        "substrates": ["R-struct"],
+        "methods": ["none", NAME],
+        "method_params": {NAME: {"reply": "Nothing to say."}},
+    }))
+    assert main(["--params", str(params_file), "cell", "--substrate", "R-struct", "--seed", "0", "--method", NAME,
+                 "--corpus", str(corpus_dir), "--index", str(index_dir), "--no-progress", "--no-track",
+                 "--out-root", "cells"]) == 0, capsys.readouterr().err
+    folder = kbench_root / f"cells/R-struct__s0/{NAME}/none"
+    records = [json.loads(line) for line in (folder / "traces.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {r["method"] for r in records} == {NAME}
+    assert {r["answer"] for r in records} == {"Nothing to say."}
+    inputs = json.loads((folder / "inputs.json").read_text())
+    assert inputs["method_params"] == {"reply": "Nothing to say.", "strength": 1.0}
