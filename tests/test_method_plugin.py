@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,31 +23,11 @@ from kbench.methods import ENTRY_POINT_GROUP, all_methods, load_plugins, method_
 
 from conftest import REPO
 
-NAME = "tmp-withhold"
-MODULE = "kbench_tmp_withhold"
-#: The whole method, as a user writes it: one module.
-SOURCE = textwrap.dedent(f'''
-    """`{NAME}`: answers every query with a fixed reply (a test's method)."""
-
-    from kbench.methods import ALL_SUBSTRATES, Method, MethodConfig, register_method
-
-
-    class WithholdConfig(MethodConfig):
-        #: What the agent answers instead.
-        reply: str = "Withheld."
-        #: Not used; a second key with a default.
-        strength: float = 1.0
-
-
-    @register_method("{NAME}", substrates=ALL_SUBSTRATES, hooks=frozenset({{"output"}}), family="control")
-    class Withhold(Method):
-        """Replaces every generation by a final answer of `reply`."""
-
-        Config = WithholdConfig
-
-        def filter_output(self, query, text):
-            return "Final Answer: " + self.config.reply
-''')
+#: The method of docs/methods.md's how-to ("Adding a method"), as a user writes it: one module.
+SOURCE = textwrap.dedent(re.search(r"```python\n(.*?)```", (REPO / "docs/methods.md").read_text(encoding="utf-8"),
+                                   re.S)[1])
+NAME = re.search(r'@register_method\("([^"]+)"', SOURCE)[1]
+MODULE = "kbench_docs_" + NAME.replace("-", "_")
 
 
 @pytest.fixture
@@ -72,26 +53,32 @@ def plugin(plugin_path, monkeypatch):
     sys.modules.pop(MODULE, None)
 
 
+def method_class_family(source: str) -> str:
+    """The family the module's decorator declares."""
+    return re.search(r'family="([^"]+)"', source)[1]
+
+
 def test_a_user_method_is_listed_by_a_fresh_kbench(plugin_path):
     """The way a user runs it: the module is on the path (installed), kbench finds it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-m", "kbench.cli.main", "list", "methods", "--json"], cwd=REPO, env=env,
                          capture_output=True, text=True, check=True).stdout
     rows = {row["name"]: row for row in json.loads(out)}
-    assert rows[NAME]["family"] == "control"
-    assert rows[NAME]["description"] == "Replaces every generation by a final answer of `reply`."
+    assert rows[NAME]["family"] == method_class_family(SOURCE)
+    assert rows[NAME]["description"] == re.search(r'class \w+\(Method\):\n\s+"""(.+?)"""', SOURCE)[1]
     assert set(rows) - {NAME} == set(method_names())  # the built-in ones, unchanged
 
 
 def test_a_user_method_joins_the_default_grid_after_the_built_in_ones(plugin):
-    assert NAME in method_names() and method_class(NAME).family == "control"
+    assert NAME in method_names() and method_class(NAME).family == method_class_family(SOURCE)
     assert all_methods()[-1] == NAME  # no declared order: after every method that declares one
     assert check_design(parse_params({"methods": "all"})).methods == all_methods()
 
 
 def test_a_user_methods_section_is_filled_and_checked(plugin):
+    assert check_design(parse_params({"methods": ["none", NAME]})).method_params[NAME] == {"reply": "Withheld."}
     params = check_design(parse_params({"methods": ["none", NAME], "method_params": {NAME: {"reply": "No."}}}))
-    assert params.method_params[NAME] == {"reply": "No.", "strength": 1.0}
+    assert params.method_params[NAME] == {"reply": "No."}
     with pytest.raises(ParamsError, match=f"unknown key 'method_params.{NAME}.volume'"):
         check_design(parse_params({"methods": ["none", NAME], "method_params": {NAME: {"volume": 3}}}))
 
@@ -119,4 +106,4 @@ def test_a_user_method_runs_in_a_cell(plugin, kbench_root, tiny_model_dir, small
     assert len(records) == 4 and {r["method"] for r in records} == {NAME}
     assert {r["answer"] for r in records} == {"Nothing to say."}
     inputs = json.loads((folder / "inputs.json").read_text())
-    assert inputs["method_params"] == {"reply": "Nothing to say.", "strength": 1.0}
+    assert inputs["method_params"] == {"reply": "Nothing to say."}
