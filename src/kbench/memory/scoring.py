@@ -212,15 +212,13 @@ def _instance_sums(items: Sequence[Item]) -> tuple[np.ndarray, np.ndarray]:
             numerator[column] += item.correct
             denominator[column] += 1
     preserved = all(item.correct for item in items if item.suite == PR)
-    requests: dict[str, list[Item]] = defaultdict(list)
+    # The requests are those with an item deciding a pass (a file holding only RA items has none).
+    requests: dict[str, list[bool]] = defaultdict(list)
     for item in items:
-        if item.request_id is not None:
-            requests[item.request_id].append(item)
-    for request_id, own in requests.items():
-        if not any(item.suite == FE for item in own):
-            raise ValueError(f"system {own[0].system}, instance {own[0].instance_id}: request {request_id} "
-                             "has no FE item (every request has an efficacy probe)")
-        numerator["RPR"] += preserved and all(item.correct for item in own if item.suite in REQUEST_SUITES)
+        if item.suite in REQUEST_SUITES:
+            requests[item.request_id].append(item.correct)
+    for passes in requests.values():
+        numerator["RPR"] += preserved and all(passes)
         denominator["RPR"] += 1
     fa = [item.correct for item in items if item.suite in FA_SUITES]
     ug = [item.correct for item in items if item.suite in UG_SUITES]
