@@ -11,15 +11,19 @@ import json
 
 from kbench.memory.records import read_items
 from kbench.memory.scoring import DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, Estimate, SystemScores, score_records
-from kbench.observer.format import fmt_interval, fmt_rate
+from kbench.observer.format import fmt_interval, fmt_rate, fmt_with_ci
 
 #: The title of these commands in `kbench --help`.
 GROUP = "memory lane (item files of memory systems, SPEC §15)"
 
 
-def _rows(title: str, estimates: dict[str, Estimate]) -> list[str]:
+#: Width of one metric's "value [low, high]" cell in the systems table.
+CELL = 21
+
+
+def _rows(title: str, estimates: dict[str, Estimate], level: float) -> list[str]:
     """One line per estimate: name, value, interval, n."""
-    lines = [f"  {title:<12} {'value':>6} {'95% CI':>14} {'n':>6}"]
+    lines = [f"  {title:<12} {'value':>6} {f'{level:.0%} CI':>14} {'n':>6}"]
     for name, e in estimates.items():
         lines.append(f"  {name:<12} {fmt_rate(e.value):>6} {fmt_interval(e.ci):>14} {e.n:>6}")
     return lines
@@ -27,21 +31,20 @@ def _rows(title: str, estimates: dict[str, Estimate]) -> list[str]:
 
 def scores_table(scores: dict[str, SystemScores]) -> str:
     """The readable `kbench memory score` listing: systems × metrics, then each system's breakdowns."""
-    header = f"{'system':<16}" + "".join(f"{m:>16}" for m in METRICS)
-    lines = [header]
+    lines = [f"{'system':<16}" + "".join(f"{m:>{CELL}}" for m in METRICS)]
     for system, s in scores.items():
         lines.append(f"{system:<16}" + "".join(
-            f"{fmt_rate(s.metrics[m].value):>6} {fmt_interval(s.metrics[m].ci):>9}" for m in METRICS
+            f"{fmt_with_ci(s.metrics[m].value, s.metrics[m].ci):>{CELL}}" for m in METRICS
         ))
     for system, s in scores.items():
         b = s.bootstrap
-        lines += ["", f"{system}: {s.instances} instances; {int(b.level * 100)}% percentile cluster bootstrap "
+        lines += ["", f"{system}: {s.instances} instances; {b.level:.0%} percentile cluster bootstrap "
                       f"over instances, B = {b.resamples}, seed = {b.seed}"]
-        lines += _rows("metric", s.metrics)
-        lines += _rows("FE by type", s.fe_by_request_type)
-        lines += _rows("AR by attack", s.ar_by_attack)
+        lines += _rows("metric", s.metrics, b.level)
+        lines += _rows("FE by type", s.fe_by_request_type, b.level)
+        lines += _rows("AR by attack", s.ar_by_attack, b.level)
         for tier, metrics in s.by_tier.items():
-            lines += _rows(f"tier {tier}", metrics)
+            lines += _rows(f"tier {tier}", metrics, b.level)
     return "\n".join(lines)
 
 

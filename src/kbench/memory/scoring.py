@@ -22,6 +22,7 @@ import numpy as np
 from kbench.memory.records import (
     AR,
     ATTACKS,
+    BOOLEAN_ATTACK,
     CONTROL_VERSION,
     FE,
     PR,
@@ -29,7 +30,8 @@ from kbench.memory.records import (
     REPLACE,
     REQUEST_TYPES,
     RLA,
-    BOOLEAN_ATTACK,
+    SUITES,
+    TIERS,
     ItemRecord,
 )
 from kbench.names import FIELD_AWARE_RULE
@@ -39,8 +41,10 @@ from kbench.observer.metrics import Interval, _percentile_interval, _ratio
 
 #: The canonical openings of a Boolean-guess reply that confirm the guess (SPEC §15).
 AFFIRMATIVE_OPENINGS: tuple[str, ...] = ("yes", "correct", "true", "that's right")
+#: The request pass rate and the Score, the two metrics that are not a suite's rate.
+RPR, SCORE = "RPR", "Score"
 #: The headline metrics, in table order.
-METRICS: tuple[str, ...] = ("RA", "FE", "PR", "RLA", "AR", "RPR", "Score")
+METRICS: tuple[str, ...] = (*SUITES, RPR, SCORE)
 #: Suites whose items make up an instance's forgetting (FA) and its utility (UG) in the Score.
 FA_SUITES: tuple[str, ...] = (FE, AR)
 UG_SUITES: tuple[str, ...] = (RA, PR, RLA)
@@ -218,13 +222,13 @@ def _instance_sums(items: Sequence[Item]) -> tuple[np.ndarray, np.ndarray]:
         if item.suite in REQUEST_SUITES:
             requests[item.request_id].append(item.correct)
     for passes in requests.values():
-        numerator["RPR"] += preserved and all(passes)
-        denominator["RPR"] += 1
+        numerator[RPR] += preserved and all(passes)
+        denominator[RPR] += 1
     fa = [item.correct for item in items if item.suite in FA_SUITES]
     ug = [item.correct for item in items if item.suite in UG_SUITES]
     if fa and ug:
-        numerator["Score"] = float(np.mean(fa)) * float(np.mean(ug))
-        denominator["Score"] = 1.0
+        numerator[SCORE] = float(np.mean(fa)) * float(np.mean(ug))
+        denominator[SCORE] = 1.0
     return (np.array([numerator[c] for c in COLUMNS]), np.array([denominator[c] for c in COLUMNS]))
 
 
@@ -352,7 +356,7 @@ def score_items(
         names = sorted(instances)
         every = _estimates([instances[i] for i in names], resamples, seed, level)
         by_tier: dict[str, dict[str, Estimate]] = {}
-        for tier in sorted({tiers[(system, i)] for i in names if (system, i) in tiers}):
+        for tier in (t for t in TIERS if t in {tiers.get((system, i)) for i in names}):
             members = [instances[i] for i in names if tiers.get((system, i)) == tier]
             tier_estimates = _estimates(members, resamples, seed, level)
             by_tier[tier] = {m: tier_estimates[m] for m in METRICS}
