@@ -36,8 +36,8 @@ from kbench.memory.records import (
 )
 from kbench.names import FIELD_AWARE_RULE
 from kbench.observer.matcher import canon, match
-# The observer's bootstrap helpers: the same ratio and percentile rule as SPEC §8's intervals.
-from kbench.observer.metrics import Interval, _percentile_interval, _ratio
+# The observer's bootstrap helpers: the same ratio, percentile rule and JSON form as SPEC §8's intervals.
+from kbench.observer.metrics import Interval, _interval_json, _percentile_interval, _ratio
 
 #: The canonical openings of a Boolean-guess reply that confirm the guess (SPEC §15).
 AFFIRMATIVE_OPENINGS: tuple[str, ...] = ("yes", "correct", "true", "that's right")
@@ -287,10 +287,6 @@ class SystemScores:
             "bootstrap": {"level": self.bootstrap.level, "resamples": self.bootstrap.resamples,
                           "seed": self.bootstrap.seed},
         }
-
-
-def _interval_json(interval: Interval | None) -> list[float] | None:
-    return None if interval is None else [interval[0], interval[1]]
 
 
 def _metrics_json(metrics: dict[str, Estimate]) -> dict[str, Any]:
