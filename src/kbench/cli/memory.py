@@ -14,7 +14,7 @@ from kbench.memory.scoring import DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, Esti
 from kbench.observer.format import fmt_interval, fmt_rate, fmt_with_ci
 
 #: The title of these commands in `kbench --help`.
-GROUP = "memory lane (item files of memory systems, SPEC §15)"
+GROUP = "memory lane (item files of memory systems, docs/memory.md)"
 
 
 #: Width of one metric's "value [low, high]" cell in the systems table.
@@ -61,7 +61,7 @@ def run_score(args: argparse.Namespace) -> None:
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Register `memory score` on the `kbench` parser."""
-    memory = subparsers.add_parser("memory", help="score memory systems' item files (SPEC §15, docs/memory.md)")
+    memory = subparsers.add_parser("memory", help="score memory systems' item files (docs/memory.md)")
     commands = memory.add_subparsers(dest="memory_command", metavar="COMMAND", required=True)
     score = commands.add_parser("score", help="RA, FE, PR, RLA, AR, RPR and Score of each system in the files")
     score.add_argument("files", nargs="+", metavar="FILE.jsonl")
