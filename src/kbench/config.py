@@ -183,8 +183,9 @@ class LoraConfig(_Section):
     max_length: int = Field(1024, ge=32)
     #: Seeds the adapter's initialisation and the example order.
     seed: int = 0
-    #: "bf16": the forward pass under bfloat16 autocast (1.7-1.8x faster steps on a CPU with
-    #: AVX512-BF16, BENCHMARKS.md); "no": the model's dtype.
+    #: "no": the model's dtype (float32 on the CPU default: every CPU runs it at full speed);
+    #: "bf16": the forward pass under bfloat16 autocast, faster only on a CPU with AVX512-BF16 or
+    #: a GPU, and emulated far slower elsewhere (BENCHMARKS.md, precision_kernels.py).
     mixed_precision: MixedPrecision = "no"
     #: The attention kernel while training; null: the model's own (sdpa for the default). Eager
     #: rounds differently, so it trains other weights (docs/parametric.md); the callback of each
@@ -207,7 +208,6 @@ class AgentBaseLora(LoraConfig):
 
     steps: int | None = Field(40, ge=1)
     seed: int = 7919
-    mixed_precision: MixedPrecision = "bf16"
 
 
 class InjectionLora(LoraConfig):
@@ -220,7 +220,6 @@ class InjectionLora(LoraConfig):
     batch_size: int = Field(8, ge=1)
     micro_batch_size: int = Field(8, ge=1)
     max_length: int = Field(512, ge=32)
-    mixed_precision: MixedPrecision = "bf16"
 
 
 class AgentBaseConfig(_Section):

@@ -446,7 +446,7 @@ class GrowingLayer(DynamicLayer):
     """A cache layer whose keys and values are the first columns of buffers with spare ones.
 
     `DynamicLayer` concatenates at every forward pass, a copy of the whole cache per decoded
-    token (its cost: BENCHMARKS.md, "Decode without concatenation"). This layer
+    token (its cost: BENCHMARKS.md, `decode_cache.py`). This layer
     writes the new columns into the spare ones and hands attention views of the same shape
     and values, so every logit is the same bit for bit. Columns a view was handed out for are
     never written again; a layer whose keys were replaced or cropped reallocates instead.
