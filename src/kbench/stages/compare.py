@@ -73,7 +73,6 @@ def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance,
 def write_results(comparison: Comparison, path: Path, header: ResultsHeader,
                   probes: dict[str, Any] | None = None) -> None:
     """The design's results page (`report.results`, docs/results.md by default)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     io.write_text(path, render_results(comparison, header, probes))
     log.info("results page %s", path)
 
