@@ -3,4 +3,6 @@
 from kbench.cli.app import run_stage
 from kbench.stages import unlearn
 
-run_stage(unlearn)
+# Guarded: a process pool's spawned workers import this script as their main module.
+if __name__ == "__main__":
+    run_stage(unlearn)

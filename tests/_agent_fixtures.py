@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kbench.backends import Backend, Conversation, Generation
+from kbench.backends import Backend, Conversation, Generation, Request
 from kbench.config import CorpusConfig, Params
 from kbench.corpus import Corpus, generate_corpus
 
@@ -71,12 +71,11 @@ class ScriptedBackend(Backend):
         self.summary = summary
         self.calls: list[int] = []
 
-    def generate(self, conversations: Sequence[Conversation], *, stop: Sequence[str], max_new_tokens: int,
-                 **_: object) -> list[Generation]:
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
         self.calls.append(len(conversations))
         out = []
         for conversation in conversations:
-            if not stop:  # the summary prompt
+            if not request.stop:  # the summary prompt
                 out.append(Generation(self.summary))
                 continue
             turn = sum(m["role"] == "assistant" for m in conversation)

@@ -89,65 +89,50 @@ def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
     ) is None
 
 
-def _fake_queue_child(root, *, recipe: str, fails_on: str | None = None):
-    """A stand-in for `kbench cell --queue`: per stdin line "<substrate> <seed> <method>" it
-    writes the cell's folder with a manifest as the real child lays it out (and exits 2 on
-    `fails_on`), then prints the queue marker."""
-    import sys
+def fake_queued_cell(job) -> None:
+    """A stand-in for `kbench.stages.cell.run_queued` in a pool worker: it writes the cell's
+    folder with a manifest as the real task lays it out, and fails on the method `star`."""
+    from kbench.stages.cell import CellSpec, cell_recipes
 
-    def command(args):
-        code = (
-            "import sys\nfrom pathlib import Path\nfrom kbench import tracking\n"
-            "for line in sys.stdin:\n"
-            "    s, seed, m = line.split()\n"
-            f"    if m == {fails_on!r}:\n"
-            "        raise SystemExit(2)\n"
-            f"    f = Path({str(root)!r}) / f'{{s}}__s{{seed}}/{{m}}/{recipe}'\n"
-            "    f.mkdir(parents=True); (f / 'traces.jsonl').write_text('')\n"
-            f"    tags = {{'kbench.substrate': s, 'kbench.seed': seed, 'kbench.method': m}}\n"
-            f"    tracking.write_manifest(f, 'cell', f'm/{{s}}/{recipe}/{{m}}/{{seed}}', tags, {{}})\n"
-            "    print('kbench-queue-done', line.strip(), flush=True)\n"
-        )
-        return [sys.executable, "-c", code]
-
-    return command
+    if job.method == "star":
+        raise ValueError("star broke")
+    recipe = cell_recipes(job.params, job.substrate, job.options.recipe)[0]
+    spec = CellSpec(job.substrate, job.method, job.seed, recipe)
+    folder = job.options.out_root / spec.method_dir / recipe
+    folder.mkdir(parents=True)
+    (folder / "traces.jsonl").write_text("")
+    tags = {"kbench.substrate": job.substrate, "kbench.seed": str(job.seed), "kbench.method": job.method}
+    tracking.write_manifest(folder, "cell", spec.key("m"), tags, {})
 
 
 def test_all_methods_on_p_logs_each_recipe_folder(kbench_root, monkeypatch):
-    """The --all-methods parent on P: children take methods from a work queue (fake cells writing
+    """The --all-methods parent on P: pool workers take methods from the queue (fake cells writing
     a manifest under <method>/<recipe>), each finished cell is logged to MLflow by the parent, the
-    queue goes on past a child that failed, and the cell that failed is named."""
-    import argparse
-
+    queue goes on past a cell that failed, and the cell that failed is named with its error."""
     import mlflow
 
     from kbench.stages import cell as cell_stage
 
-    fake = _fake_queue_child(kbench_root / "cells", recipe="lora", fails_on="star")
-    monkeypatch.setattr(cell_stage, "_cell_command", fake)
+    monkeypatch.setattr(cell_stage, "run_queued", fake_queued_cell)  # pickled by name: the workers run it too
     params = Params(methods=["none", "star", "gold", "repe"], p_recipes=["lora"])
-    args = argparse.Namespace(substrate="P", seed=0, recipe=None, out_root=str(kbench_root / "cells"), no_track=False)
-    with pytest.raises(cell_stage.CellError, match="failed: star \\(exit 2\\) "):
-        cell_stage.run_all_methods(params, args)
+    options = cell_stage.Options(substrate="P", seed=0, out_root=kbench_root / "cells")
+    with pytest.raises(cell_stage.CellError, match="failed: P/0/star \\(ValueError: star broke\\) "):
+        cell_stage.run_all_methods(params, options)
     runs = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list")
-    # star's child died; the other took gold and repe from the queue after none
+    # star failed; the pool went on with gold and repe
     assert sorted(r.data.tags["kbench.method"] for r in runs) == ["gold", "none", "repe"]
 
 
 def test_controls_run_every_substrate_and_seed_through_the_queue(kbench_root, monkeypatch):
-    """`kbench cell --controls`: one queue item per (adapter-free substrate, seed), the `none`
+    """`kbench cell --controls`: one pool item per (adapter-free substrate, seed), the `none`
     method with the LoRA-D recipe; each finished control is logged to MLflow by the parent."""
-    import argparse
-
     import mlflow
 
     from kbench.stages import cell as cell_stage
 
-    fake = _fake_queue_child(kbench_root / "controls", recipe="lora-d")
-    monkeypatch.setattr(cell_stage, "_cell_command", fake)
+    monkeypatch.setattr(cell_stage, "run_queued", fake_queued_cell)
     params = Params(substrates=["C", "R-text"], seeds=[0, 1])
-    args = argparse.Namespace(recipe="lora-d", out_root=str(kbench_root / "controls"), no_track=False)
-    cell_stage.run_controls(params, args)
+    cell_stage.run_controls(params, cell_stage.Options(recipe="lora-d", out_root=kbench_root / "controls"))
     runs = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list")
     assert sorted((r.data.tags["kbench.substrate"], r.data.tags["kbench.seed"]) for r in runs) == [
         ("C", "0"), ("C", "1"), ("R-text", "0"), ("R-text", "1")]

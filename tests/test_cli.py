@@ -1,5 +1,5 @@
-"""The discoverable command line: `kbench list`, `--version`, the grouped help without the
-stages' internal child flags, and `kbench preset` keeping an edited params.yaml."""
+"""The discoverable command line: `kbench list`, `--version`, the grouped help, each stage's
+options parsed into its typed `Options`, and `kbench preset` keeping an edited params.yaml."""
 
 import importlib.metadata
 import json
@@ -18,9 +18,8 @@ from kbench.probes.summary import PROBES
 from kbench.substrates import substrate_names
 
 REPO = Path(__file__).resolve().parents[1]
-#: The stages that spawn queue children, and the flag only those children get.
-CHILD_FLAG_STAGES = ("cell", "inject", "probes", "unlearn")
-CHILD_FLAG = "--queue"
+#: The stages that run a process pool: their workers are pool processes, not `kbench` children.
+POOL_STAGES = ("cell", "inject", "probes", "unlearn")
 
 
 def run(capsys, *argv):
@@ -96,19 +95,42 @@ def test_console_script_prints_the_version():
     assert done.stdout.startswith("kbench ") and done.stdout.split()[1][0].isdigit()
 
 
-def test_help_groups_the_pipeline_stages_and_hides_the_child_flags(capsys):
+def test_help_groups_the_pipeline_stages(capsys):
     text = help_text(capsys)
     stages = text.split("pipeline stages")[1].split("\n\n")[0]
     assert [line.split()[0] for line in stages.splitlines()[1:] if line.startswith("  ") and line[2] != " "] == [
         "corpus", "index", "agent-base", "inject", "fit", "unlearn", "probes", "cell", "compare"]
     assert "scoring" in text and "project tools" in text and "  list " in text
-    for stage in CHILD_FLAG_STAGES:
-        assert CHILD_FLAG not in help_text(capsys, stage)
 
 
-@pytest.mark.parametrize("stage", CHILD_FLAG_STAGES)
-def test_the_hidden_child_flag_still_parses(stage):
-    assert build_parser().parse_args([stage, CHILD_FLAG]).queue is True
+@pytest.mark.parametrize("stage", POOL_STAGES)
+def test_a_stage_has_no_child_protocol_flag(stage, capsys):
+    """Pool workers take objects, not a command line: no hidden `--queue` flag is left."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([stage, "--queue"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --queue" in capsys.readouterr().err
+
+
+def test_a_stage_command_line_becomes_its_typed_options():
+    from kbench.cli.app import stage_options
+    from kbench.stages import cell, unlearn
+
+    args = build_parser().parse_args(["cell", "--substrate", "C", "--seed", "3", "--method", "eco", "--method",
+                                      "repe", "--no-track", "--index", "x/index", "--params", "other.yaml"])
+    options = stage_options(cell, args)
+    assert options == cell.Options(substrate="C", seed=3, method=("eco", "repe"), track=False, index=Path("x/index"))
+    assert args.params == "other.yaml"
+    assert stage_options(cell, build_parser().parse_args(["cell"])) == cell.Options()
+    options = stage_options(unlearn, build_parser().parse_args(["unlearn", "--run", "ga/lora", "--workers", "1"]))
+    assert options == unlearn.Options(run=("ga/lora",), workers=1)
+
+
+def test_no_argparse_below_the_command_line():
+    """Stage logic takes typed options: `argparse` is imported under kbench/cli only."""
+    offenders = [path.relative_to(REPO).as_posix() for path in (REPO / "src" / "kbench").rglob("*.py")
+                 if "cli" not in path.relative_to(REPO / "src" / "kbench").parts[:1]
+                 and ("import argparse" in path.read_text() or "from argparse" in path.read_text())]
+    assert offenders == []
 
 
 @pytest.fixture

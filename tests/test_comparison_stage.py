@@ -4,7 +4,6 @@ files it writes, the `compare` run, and the HTML report rendered in headless Chr
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -22,14 +21,13 @@ from _traces import write_jsonl
 from PIL import Image
 
 from kbench import tracking
-from kbench.cli import app
 from kbench.comparison.analysis import CellRun, compare
 from kbench.comparison.report import Provenance
 from kbench.config import Params, parse_params
 from kbench.design import Design
-from kbench.stages import compare as compare_stage
 from kbench.stages.cell import CellSpec, cell_tags
-from kbench.stages.compare import add_subcommands, run_compare_stage, write_reports
+from kbench.cli.main import build_parser, main
+from kbench.stages.compare import run_compare_stage, write_reports
 
 CHROMIUM = Path("/usr/bin/chromium")
 #: The corpus and model fingerprints the hand-made cell runs claim.
@@ -154,11 +152,7 @@ def test_compare_stage_round_trip(kbench_root, caplog, capsys):
     capsys.readouterr()
     # The command checks the params' methods against the registry: this design runs `none` only.
     (kbench_root / "params.yaml").write_text(yaml.safe_dump(tiny_params(methods=["none"]).model_dump(mode="json")))
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--params", default="params.yaml")
-    add_subcommands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["compare", "--out", "other-report", "--experiment", "other"])
-    assert args.handler(args) == 0
+    assert main(["compare", "--out", "other-report", "--experiment", "other"]) == 0
     assert "1 rows from 1 cell runs, 0 without a baseline" in capsys.readouterr().out
     (only,) = json.loads((kbench_root / "other-report" / "comparison.json").read_text())["rows"]
     assert only["key"]["substrate"] == "R-struct" and only["run_ids"] != [synced_run]
@@ -218,7 +212,7 @@ def test_a_store_with_two_designs_gives_two_reports_with_separate_families(kbenc
     # --params stays what it was when the subcommand does not repeat it.
     file_b = kbench_root / "b.yaml"
     file_b.write_text(yaml.safe_dump(params_b.model_dump(mode="json")))
-    parser = app.build_parser([compare_stage])
+    parser = build_parser()
     assert parser.parse_args(["--params", "x.yaml", "compare"]).params == "x.yaml"
     args = parser.parse_args(["--params", "x.yaml", "compare", "--params", str(file_b), "--out", "report-b"])
     assert args.params == str(file_b)

@@ -103,7 +103,7 @@ def test_inject_stage_writes_checked_adapters_and_the_merged_model(injected, lea
 
 
 def test_the_inject_work_queue_writes_the_same_bytes_as_one_process(learner_dir, p_corpus, kbench_root):
-    """`kbench inject` through two queue children (each its share of the cores) against the
+    """`kbench inject` through a pool of two workers (each its share of the cores) against the
     in-process stage: every file of every folder byte for byte, the same printed metrics,
     each folder logged by the parent."""
     import subprocess
@@ -126,7 +126,7 @@ def test_the_inject_work_queue_writes_the_same_bytes_as_one_process(learner_dir,
                            "--corpus", str(kbench_root / "corpus")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     started = [line.split("through ")[1] for line in done.stderr.splitlines() if "item(s) through" in line]
-    assert started == ["2 child(ren) on %d thread(s) each" % max(1, (os.cpu_count() or 1) // 2)]
+    assert started == ["2 worker(s) on %d thread(s) each" % max(1, (os.cpu_count() or 1) // 2)]
     finished = [line.split("inject ")[1].split(" finished")[0] for line in done.stderr.splitlines() if " finished in " in line]
     assert sorted(finished) == ["gold", "lora_d", "lora_td"]
     assert json.loads(done.stdout) == results

@@ -298,7 +298,7 @@ def unlearned(p_corpus, learner_dir, tmp_path_factory):
 def test_the_stage_trains_each_weight_method_once_per_recipe(unlearned, learner_dir):
     params, tmp, results = unlearned
     assert set(results) == {"ga/lora", "o3/lora", "ga/merged", "o3/merged"}  # o3-75 deploys o3's weights
-    source = unlearn_stage.tracking.output_hash(unlearn_stage.target_adapter(params))
+    source = unlearn_stage.io.folder_hash(unlearn_stage.target_adapter(params))
     kinds = {}
     for key in results:
         name, recipe = key.split("/")
@@ -335,7 +335,7 @@ def test_a_rerun_resumes_and_the_same_params_give_the_same_bytes(unlearned, p_co
 def test_unlearned_folders_are_refused_when_stale_or_for_another_method(unlearned, learner_dir):
     params, _, _ = unlearned
     folder = Path(params.unlearning.out_dir) / "ga" / "lora"
-    source = unlearn_stage.tracking.output_hash(unlearn_stage.target_adapter(params))
+    source = unlearn_stage.io.folder_hash(unlearn_stage.target_adapter(params))
     with pytest.raises(adapters.InjectionError, match="another LoRA-T\\+D"):
         check_unlearned(folder, learner_dir, method="ga", recipe="lora", source_hash="0" * 20)
     with pytest.raises(adapters.InjectionError, match="holds ga's unlearning of recipe lora, not o3's"):
@@ -420,8 +420,8 @@ def test_the_probes_stage_reads_every_model_of_the_design(unlearned, p_corpus, k
 
 
 def _queued_design(params, p_corpus, tmp: Path, section: str, out_dir: str, workers: str) -> tuple[Path, Path]:
-    """A params file for a stage run through two queue children (`section.out_dir` moved to
-    `out_dir`, `execution.<workers>` 2), and the corpus folder the children read."""
+    """A params file for a stage run through a pool of two workers (`section.out_dir` moved to
+    `out_dir`, `execution.<workers>` 2), and the corpus folder the workers read."""
     import yaml
 
     corpus_dir = tmp / "corpus"
@@ -436,7 +436,7 @@ def _queued_design(params, p_corpus, tmp: Path, section: str, out_dir: str, work
 
 
 def test_the_probes_work_queue_writes_the_same_bytes_as_one_process(unlearned, p_corpus, kbench_root):
-    """`kbench probes` through two queue children (one thread each) against the in-process
+    """`kbench probes` through a pool of two workers (one thread each) against the in-process
     stage: every model's raw rows byte for byte, and the stage's MLflow runs logged."""
     import subprocess
     import sys
@@ -485,7 +485,7 @@ def test_a_gated_hook_sees_the_rows_of_each_probe_batch(unlearned, p_corpus):
 
 
 def test_the_unlearn_work_queue_writes_the_same_bytes_as_one_process(unlearned, p_corpus, kbench_root):
-    """`kbench unlearn` through two queue children (one thread each) against the in-process
+    """`kbench unlearn` through a pool of two workers (one thread each) against the in-process
     stage of the fixture: every adapter byte for byte, each run logged by the parent."""
     import subprocess
     import sys

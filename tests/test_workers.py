@@ -1,78 +1,79 @@
-"""The stage work queue: children take items until the queue is empty; a child that dies fails
-its item only; items no child could take are reported; the last child working is handed every
-core only when it asked for that."""
+"""The stage process pool: results come back as objects, a task's error is reported under its
+item while the others go on, a worker that dies fails what it left, each worker runs on its
+share of the cores, and a failed or interrupted run leaves no worker behind."""
 
 from __future__ import annotations
 
-import logging
-import sys
+import os
+import time
 
-from kbench.workers import QUEUE_DONE, run_queue, worker_threads
+import pytest
 
-CHILD = (
-    "import sys\n"
-    "for line in sys.stdin:\n"
-    "    item = line.strip()\n"
-    "    print('some output of', item)\n"  # a child's own lines pass through
-    "    if item == 'bad':\n"
-    "        raise SystemExit(3)\n"
-    f"    print('{QUEUE_DONE}', item, flush=True)\n"
-)
+from kbench.workers import process_pool, run_pool, stop_pool, worker_threads
 
 
-def test_the_queue_goes_on_past_a_child_that_dies(capsys):
+def square(item: int) -> dict:
+    """A task: its result is an object, not a line of output."""
+    if item == 3:
+        raise ValueError("three is refused")
+    return {"item": item, "square": item * item, "pid": os.getpid()}
+
+
+def threads_and_env(_: object) -> tuple[int, str]:
+    import torch
+
+    return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+
+
+def die(item: int) -> int:
+    if item == 0:
+        os._exit(7)  # a worker killed mid-task (out of memory, a signal)
+    time.sleep(0.5)
+    return item
+
+
+def sleep_long(_: object) -> None:
+    time.sleep(120)
+
+
+def test_results_come_back_as_objects_and_a_task_error_is_named(caplog):
+    done = {}
+    failed = run_pool(square, [1, 2, 3, 4, 5], 2, lambda item, result, seconds: done.update({item: result}),
+                      label=lambda item: f"item {item}")
+    assert failed == ["item 3 (ValueError: three is refused)"]
+    assert sorted(done) == [1, 2, 4, 5] and done[4]["square"] == 16
+    assert {result["pid"] for result in done.values()} - {os.getpid()}  # computed in other processes
+    assert "item 3 failed" in caplog.text and "three is refused" in caplog.text
+
+
+def test_each_worker_runs_on_its_share_of_the_cores():
+    results = []
+    run_pool(threads_and_env, [0, 1], 2, lambda item, result, seconds: results.append(result))
+    assert results == [(worker_threads(2), str(worker_threads(2)))] * 2
+    results.clear()
+    run_pool(threads_and_env, [0], 2, lambda item, result, seconds: results.append(result), threads=1)
+    assert results == [(1, "1")]
+
+
+def test_a_worker_that_dies_fails_its_items_and_is_reported():
     done = []
-    failed = run_queue([sys.executable, "-c", CHILD], ["a", "bad", "b", "c", "d"], 2,
-                       lambda item, seconds: done.append(item))
-    assert sorted(done) == ["a", "b", "c", "d"] and failed == ["bad (exit 3)"]
-    assert "some output of a" in capsys.readouterr().out
+    failed = run_pool(die, [0, 1, 2], 1, lambda item, result, seconds: done.append(item))
+    assert done == [] and failed == [f"{item} (not run: a worker process died)" for item in (0, 1, 2)]
 
 
-def test_items_no_child_could_take_are_reported():
-    failed = run_queue([sys.executable, "-c", "raise SystemExit(1)"], ["x", "y", "z"], 2, lambda *a: None)
-    assert sorted(failed) == ["x (exit 1)", "y (exit 1)", "z (not run: every child had exited)"]
+def test_stopping_a_pool_ends_every_worker():
+    pool = process_pool(2, threads=1)
+    futures = [pool.submit(sleep_long, None) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while len(pool._processes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    processes = list(pool._processes.values())
+    stop_pool(pool)
+    assert processes and not any(process.is_alive() for process in processes)
+    for future in futures:
+        with pytest.raises(Exception):
+            future.result(timeout=30)
 
 
-def _threads_child(widen: bool) -> str:
-    """A queue child: "fast" returns at once; "slow" waits (at most 60 s) for its widening
-    handler to have run, then prints the thread count it started with and the one it has."""
-    return (
-        "import sys, time, torch\n"
-        "from kbench import workers\n"
-        "start = torch.get_num_threads()\n"  # before the handler exists: the share it was started with
-        "widened = []\n"
-        "def use_every_core(signum, frame):\n"  # the stage's handler, then a mark (on 1 core no count moves)
-        "    own(signum, frame)\n"
-        "    widened.append(signum)\n"
-        "own, workers._use_every_core = workers._use_every_core, use_every_core\n"
-        "def handle(item):\n"
-        "    deadline = time.monotonic() + (60 if item == 'slow' else 0)\n"
-        "    while not widened and time.monotonic() < deadline:\n"
-        "        time.sleep(0.05)\n"
-        "    print('threads', item, start, torch.get_num_threads(), flush=True)\n"
-        f"workers.serve_queue(handle, widen={widen})\n"
-    )
-
-
-def _threads(out: str, item: str) -> tuple[int, int]:
-    line = next(line for line in out.splitlines() if line.startswith(f"threads {item} "))
-    return int(line.split()[2]), int(line.split()[3])
-
-
-def test_the_last_child_working_is_handed_every_core(capsys, caplog):
-    """Once "fast" is done and the queue is empty, the child still on "slow" gets every core."""
-    caplog.set_level(logging.INFO, logger="kbench.workers")
-    failed = run_queue([sys.executable, "-c", _threads_child(True)], ["slow", "fast"], 2, lambda *a: None)
-    assert failed == []
-    assert _threads(capsys.readouterr().out, "slow") == (worker_threads(2), worker_threads(1))
-    assert "one child left working (slow): every core handed to it" in caplog.text
-
-
-def test_a_child_that_did_not_ask_is_never_signalled(capsys, caplog):
-    """A child without `widen` keeps its share (the signal would have ended it: the item would fail)."""
-    caplog.set_level(logging.INFO, logger="kbench.workers")
-    child = _threads_child(False).replace("60 if", "2 if")
-    failed = run_queue([sys.executable, "-c", child], ["slow", "fast"], 2, lambda *a: None)
-    assert failed == []
-    assert _threads(capsys.readouterr().out, "slow") == (worker_threads(2), worker_threads(2))
-    assert "every core handed" not in caplog.text
+def test_an_empty_queue_starts_no_process():
+    assert run_pool(square, [], 4, lambda *a: pytest.fail("nothing to do")) == []

@@ -388,9 +388,8 @@ class ProbesConfig(_Section):
 class ExecutionConfig(_Section):
     """How stages use the machine; nothing here changes a result."""
 
-    #: Cells a stage runs side by side (`kbench cell --all-methods`), each on cpu_count /
-    #: cell_workers threads: on 2 CPU cores two 1-thread cells finish 1.4x sooner than one after
-    #: the other on 2 threads, with identical traces (BENCHMARKS.md). 1 on a GPU.
+    #: Cells a stage runs side by side (`kbench cell --all-methods`), pool workers on cpu_count /
+    #: cell_workers threads each, with identical traces (BENCHMARKS.md, cell_workers.py). 1 on a GPU.
     cell_workers: int = Field(2, ge=1)
     #: Processes the agent base's LoRA training splits each step's micro-batches between (this
     #: one and agent_base_workers - 1 helpers), each on cpu_count / agent_base_workers threads;
@@ -398,14 +397,14 @@ class ExecutionConfig(_Section):
     #: (docs/agent.md). 1 on a GPU.
     agent_base_workers: int = Field(2, ge=1)
     #: Adapter trainings the `inject` stage runs side by side (LoRA-T+D beside gold, then
-    #: LoRA-D), each on cpu_count / inject_workers threads (the same adapters byte for byte;
-    #: BENCHMARKS.md). 1 on a GPU.
+    #: LoRA-D), pool workers on cpu_count / inject_workers threads each (the same adapters byte
+    #: for byte; docs/parametric.md). 1 on a GPU.
     inject_workers: int = Field(2, ge=1)
-    #: Weight-method trainings the `unlearn` stage runs side by side, each on cpu_count /
-    #: unlearn_workers threads (the same adapters byte for byte; BENCHMARKS.md). 1 on a GPU.
+    #: Weight-method trainings the `unlearn` stage runs side by side, pool workers on cpu_count /
+    #: unlearn_workers threads each (the same adapters byte for byte; docs/methods.md). 1 on a GPU.
     unlearn_workers: int = Field(2, ge=1)
-    #: Models the `probes` stage reads side by side, each child on cpu_count / probe_workers
-    #: threads (the same scores; BENCHMARKS.md). 1 on a GPU.
+    #: Models the `probes` stage reads side by side, pool workers on one thread each (the same
+    #: scores; docs/probes.md). 1 on a GPU.
     probe_workers: int = Field(2, ge=1)
 
 

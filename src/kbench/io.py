@@ -116,15 +116,31 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def file_hashes(folder: str | Path, *, exclude: Iterable[str] = ()) -> dict[str, str]:
+    """The SHA-256 of every file under `folder` by its relative POSIX path (the one file-hashing
+    rule of the project: manifests, output hashes and input digests all use it)."""
+    folder, skipped = Path(folder), set(exclude)
+    return {
+        path.relative_to(folder).as_posix(): file_sha256(path)
+        for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in skipped
+    }
+
+
+def json_digest(data: Any) -> str:
+    """A short digest of JSON-able data (keys sorted): equal exactly when the data are equal."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def folder_hash(folder: str | Path) -> str:
+    """The digest of a folder's files and their relative paths (`file_hashes`)."""
+    return json_digest(file_hashes(folder))
+
+
 def write_hashes(folder: str | Path) -> dict[str, str]:
     """Record the SHA-256 of every file in `folder` (by relative path) in its HASHES_FILE; call it
     last, inside the `atomic_dir` block that builds the folder."""
-    folder = Path(folder)
-    hashes = {
-        path.relative_to(folder).as_posix(): file_sha256(path)
-        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != HASHES_FILE
-    }
-    write_json(folder / HASHES_FILE, hashes)
+    hashes = file_hashes(folder, exclude=[HASHES_FILE])
+    write_json(Path(folder) / HASHES_FILE, hashes)
     return hashes
 
 

@@ -13,7 +13,6 @@ plus `dvc pull` plus `dvc repro` rebuilds the same MLflow contents.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -130,18 +129,6 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def hash_files(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(paths):
-        digest.update(path.name.encode())
-        io.feed_file(digest, path)
-    return digest.hexdigest()[:20]
-
-
-def output_hash(folder: Path) -> str:
-    return hash_files([p for p in folder.rglob("*") if p.is_file()])
-
-
 def find_run_id(experiment_id: str, kind: str, key: str, digest: str | None = None) -> str | None:
     """The newest run of this kind and key (and output hash, when given), or None."""
     import mlflow
@@ -213,7 +200,7 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
     import mlflow
 
     manifest = json.loads((folder / RUN_MANIFEST).read_text())
-    digest = output_hash(folder)
+    digest = io.folder_hash(folder)
     experiment_id = open_experiment(params)
     existing = find_run_id(experiment_id, manifest["kind"], manifest["key"], digest)
     if existing:

@@ -1,23 +1,43 @@
-"""Work side by side: child processes, `workers` at a time, each on its share of the cores
-(`execution.*`): the stages' work queues and the LoRA trainer's step helpers. The cell, inject
-and unlearn outputs do not depend on the thread count (tests/test_methods.py,
-tests/test_unlearning.py, tests/test_lora.py), so for them this changes wall time only, and once
-the queue is empty the one child still working is handed every core (`serve_queue(widen=True)`).
-The probes' last float bits do follow the thread count, so their children run on one thread
-each and are never widened (docs/probes.md)."""
+"""Work side by side on a standard process pool: `concurrent.futures.ProcessPoolExecutor` in the
+spawn context, `workers` processes, each on its share of the cores (`execution.*`). Items are
+objects handed to a module-level task function; its return value (or its exception) comes back
+as an object. The cell, inject and unlearn outputs do not depend on the thread count
+(tests/test_methods.py, tests/test_unlearning.py, tests/test_lora.py); the probes' last float
+bits do, so their workers run on one thread each whatever the pool (docs/probes.md).
+
+This module imports no torch: a worker sets its thread count before its first task imports it.
+"""
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
-import selectors
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+
+#: The start method of every pool: a fresh interpreter per worker (no forked torch state).
+START_METHOD = "spawn"
+#: The format of every log line, in the command's process and in its workers alike.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%H:%M:%S"
+
+
+def configure_logging(level: int) -> None:
+    """The project's log format at `level` (the `kbench` command and each pool worker)."""
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
+    # faiss logs each CPU-feature build it fails to load at INFO; only its warnings matter here.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    # The HTTP client under the openai backend logs one INFO line per request: noise in a cell log.
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def worker_threads(workers: int) -> int:
@@ -25,129 +45,82 @@ def worker_threads(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-def child_env(workers: int) -> dict[str, str]:
-    """The environment of one of `workers` children: its share of the cores as its thread count
-    (torch reads it when it starts)."""
-    threads = str(worker_threads(workers))
-    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+def use_threads(threads: int) -> None:
+    """This process's compute threads: the environment read by libraries that start later, and
+    torch's own count (torch is imported here, after the environment is set)."""
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
 
 
-def _stop(children: Sequence[subprocess.Popen]) -> None:
-    """Terminate the children still running and wait for all (a failed or interrupted stage)."""
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        child.wait()
+def start_worker(threads: int, log_level: int) -> None:
+    """A pool worker's initializer: its share of the cores and the command's log format."""
+    configure_logging(log_level)
+    use_threads(threads)
 
 
-#: What a queue child prints on its stdout after each item it finished (`run_queue`).
-QUEUE_DONE = "kbench-queue-done"
-#: What a queue child prints once it may be handed every core (`serve_queue(widen=True)`).
-QUEUE_WIDEN = "kbench-queue-widen"
-#: The signal that hands the last working child every core.
-WIDEN_SIGNAL = signal.SIGUSR1
+def process_pool(workers: int, *, threads: int | None = None, initializer: Callable[..., None] = start_worker,
+                 initargs: tuple = ()) -> ProcessPoolExecutor:
+    """A spawn-context pool of `workers` processes on `threads` threads each (default: their share
+    of the cores). `initializer(threads, log_level, *initargs)` runs first in each worker."""
+    threads = worker_threads(workers) if threads is None else threads
+    return ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context(START_METHOD), initializer=initializer,
+        initargs=(threads, logging.getLogger().getEffectiveLevel(), *initargs),
+    )
 
 
-def _use_every_core(signum: int, frame: object) -> None:
-    """A widened child's signal handler: torch on every core from its next operation (Python
-    runs it in the main thread between operations, never inside one)."""
-    import torch  # heavy; the child's stage has loaded it already
-
-    torch.set_num_threads(worker_threads(1))
-
-
-def serve_queue(handle: Callable[[str], None], *, widen: bool = False) -> None:
-    """The child side of `run_queue`: `handle` each item read from stdin, one per line, and
-    print the marker after each so the parent hands over the next. `widen`: the child's work
-    gives the same bytes on any thread count, so the parent may hand it every core once it is
-    the last one working (a stage whose results depend on the thread count leaves it off)."""
-    if widen:
-        signal.signal(WIDEN_SIGNAL, _use_every_core)
-        print(QUEUE_WIDEN, flush=True)  # only now may the parent signal: the handler is in place
-    for line in sys.stdin:
-        item = line.strip()
-        handle(item)
-        print(f"{QUEUE_DONE} {item}", flush=True)
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end every worker now (a failed or interrupted stage leaves
+    no process behind). Python 3.14's `terminate_workers()` does this; 3.11 has no public call."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join()
 
 
-def run_queue(command: list[str], items: Sequence[str], workers: int,
-              on_done: Callable[[str, float], None]) -> list[str]:
-    """Run `items` through `workers` long-lived children of `command`, a work queue: each child
-    reads one item per line on its stdin, prints `QUEUE_DONE <item>` when it is finished and
-    gets the next, so no child idles while another has a queue (fixed shares left one idle
-    behind a slow item). Once the queue is empty and a single child is left working, it gets
-    every core if it announced `QUEUE_WIDEN`. `on_done(item, seconds)` runs in this process
-    after each. Returns the failures as "item (exit N)"; a failed or interrupted stage never
-    leaves a child running."""
+def _timed(task: Callable[[Any], Any], item: Any) -> tuple[Any, float]:
+    """Run `task(item)` in a worker; its result and the seconds it took."""
+    started = time.perf_counter()
+    return task(item), time.perf_counter() - started
+
+
+def run_pool(task: Callable[[Item], Any], items: Sequence[Item], workers: int,
+             on_done: Callable[[Item, Any, float], None], *, label: Callable[[Item], str] = str,
+             threads: int | None = None) -> list[str]:
+    """Run `task` on each of `items` in a pool of `workers` processes, a work queue in the given
+    order (a worker takes the next item when it finishes one, so none idles behind a slow item).
+    `on_done(item, result, seconds)` runs in this process after each. Returns the failures as
+    "label (why)": a task that raised names its error, and once a worker dies (killed, out of
+    memory) the items it left are reported as not run. An interrupted or failed call ends every
+    worker before it returns."""
     todo = list(items)
+    if not todo:
+        return []
     workers = max(1, min(workers, len(todo)))
-    env = child_env(workers)
-    log.info("%d item(s) through %d child(ren) on %s thread(s) each", len(todo), workers, env["OMP_NUM_THREADS"])
-    children = [subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-                for _ in range(workers)]
-    current: dict[subprocess.Popen, tuple[str, float]] = {}
-    pending: dict[subprocess.Popen, bytes] = {child: b"" for child in children}
-    widenable: set[subprocess.Popen] = set()  # children whose handler is in place, not yet widened
-    failed = []
-
-    def widen_last() -> None:
-        """Hand every core to the one child still working once the queue is empty."""
-        if not todo and len(current) == 1 and workers > 1:
-            (child,) = current
-            if child in widenable and child.poll() is None:
-                widenable.discard(child)
-                child.send_signal(WIDEN_SIGNAL)
-                log.info("one child left working (%s): every core handed to it", current[child][0])
-
-    def feed(child: subprocess.Popen) -> None:
-        try:
-            if todo:
-                item = todo.pop(0)
-                current[child] = (item, time.perf_counter())
-                child.stdin.write((item + "\n").encode())
-                child.stdin.flush()
-            else:
-                current.pop(child, None)
-                child.stdin.close()
-        except BrokenPipeError:  # the child has died: its end of file reports the item failed
-            pass
-
-    def handle(child: subprocess.Popen, line: str) -> None:
-        if line.startswith(QUEUE_DONE + " ") and child in current:
-            item, started = current[child]
-            on_done(item, time.perf_counter() - started)
-            feed(child)
-            widen_last()
-        elif line == QUEUE_WIDEN:
-            widenable.add(child)
-            widen_last()
-        else:
-            print(line, flush=True)  # the child's own output, passed through
-
-    selector = selectors.DefaultSelector()
+    share = worker_threads(workers) if threads is None else threads
+    log.info("%d item(s) through %d worker(s) on %d thread(s) each", len(todo), workers, share)
+    failed: list[str] = []
+    pool = process_pool(workers, threads=share)
     try:
-        for child in children:
-            feed(child)
-            selector.register(child.stdout, selectors.EVENT_READ, child)
-        while selector.get_map():
-            for key, _ in selector.select():
-                child = key.data
-                # Raw reads and our own line split: a buffered reader could hold a marker line
-                # that select() never reports again.
-                data = os.read(child.stdout.fileno(), 1 << 16)
-                if not data:  # the child exited: its item (if any) failed
-                    selector.unregister(child.stdout)
-                    code = child.wait()
-                    if pending[child]:
-                        handle(child, pending[child].decode(errors="replace"))
-                    if child in current:
-                        failed.append(f"{current.pop(child)[0]} (exit {code})")
-                        widen_last()
-                    continue
-                *lines, pending[child] = (pending[child] + data).split(b"\n")
-                for line in lines:
-                    handle(child, line.decode(errors="replace"))
-    finally:
-        _stop(children)
-    return failed + [f"{item} (not run: every child had exited)" for item in todo]
+        futures: dict[Future, Item] = {pool.submit(_timed, task, item): item for item in todo}
+        for future in as_completed(futures):
+            item = futures[future]
+            try:
+                result, seconds = future.result()
+            except BrokenProcessPool:
+                failed.append(f"{label(item)} (not run: a worker process died)")
+            except Exception as exc:  # the task's own error, raised in the worker (traceback: its cause)
+                log.error("%s failed", label(item), exc_info=exc)
+                failed.append(f"{label(item)} ({type(exc).__name__}: {' '.join(str(exc).split())})")
+            else:
+                on_done(item, result, seconds)
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+    return failed

@@ -32,6 +32,22 @@ class Generation:
     reasoning: str | None = None
 
 
+@dataclass(frozen=True)
+class Request:
+    """What one `generate` call asks of a backend besides its conversations."""
+
+    #: Strings that end a continuation (the returned text excludes them); the end of the
+    #: assistant turn always ends it.
+    stop: tuple[str, ...]
+    #: The most tokens one continuation may have.
+    max_new_tokens: int
+    #: One per conversation, from `Backend.session`: what a backend keeps between one
+    #: sequence's calls, such as its KV cache; None: nothing is kept.
+    sessions: Sequence[Any] | None = None
+    #: Whether the backend may reuse work across conversations that start alike.
+    share_prefixes: bool = True
+
+
 class BackendError(ValueError):
     """A backend cannot be built or cannot serve a request."""
 
@@ -47,7 +63,6 @@ class Backend(ABC):
     #: True when `model` and `tokenizer` are real torch objects a method may edit or hook.
     has_weights: ClassVar[bool]
 
-    @abstractmethod
     def generate(
         self,
         conversations: Sequence[Conversation],
@@ -57,9 +72,12 @@ class Backend(ABC):
         sessions: Sequence[Any] | None = None,
         share_prefixes: bool = True,
     ) -> list[Generation]:
-        """Continuations of `conversations`. `sessions` (one per conversation, from `session`)
-        carry what a backend keeps between one sequence's calls, such as its KV cache;
-        `share_prefixes` lets a backend reuse work across conversations that start alike."""
+        """Continuations of `conversations` (the options: `Request`)."""
+        return self._generate(conversations, Request(tuple(stop), max_new_tokens, sessions, share_prefixes))
+
+    @abstractmethod
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
+        """What a backend implements: the continuations of `conversations` under `request`."""
 
     def session(self) -> Any | None:
         """What the backend keeps for one trajectory across its calls (None: nothing)."""

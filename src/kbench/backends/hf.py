@@ -31,6 +31,7 @@ from kbench.backends.base import (
     BackendError,
     Conversation,
     Generation,
+    Request,
     register_backend,
     truncate_at_stop,
 )
@@ -256,23 +257,16 @@ class HFBackend(Backend):
         """A fresh KV state for one trajectory (None under `model.engine: generate`)."""
         return None if self._reference else KVState()
 
-    def generate(
-        self,
-        conversations: Sequence[Conversation],
-        *,
-        stop: Sequence[str],
-        max_new_tokens: int,
-        sessions: Sequence[Any] | None = None,
-        share_prefixes: bool = True,
-    ) -> list[Generation]:
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
         if self._reference:
             texts = reference_decode(
-                self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop,
-                eos_token_ids=self._end_of_turn_ids,
+                self._model, self._tokenizer, conversations, max_new_tokens=request.max_new_tokens,
+                stop=request.stop, eos_token_ids=self._end_of_turn_ids,
             )
         else:
             texts = greedy_decode(
-                self._model, self._tokenizer, conversations, max_new_tokens=max_new_tokens, stop=stop,
-                engine=self._engine, states=sessions, share_prefixes=share_prefixes,
+                self._model, self._tokenizer, conversations, max_new_tokens=request.max_new_tokens,
+                stop=request.stop, engine=self._engine, states=request.sessions,
+                share_prefixes=request.share_prefixes,
             )
         return [Generation(text) for text in texts]

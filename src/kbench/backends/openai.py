@@ -12,7 +12,6 @@ import base64
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from kbench.backends.base import (
@@ -20,6 +19,7 @@ from kbench.backends.base import (
     BackendError,
     Conversation,
     Generation,
+    Request,
     register_backend,
     truncate_at_stop,
 )
@@ -91,17 +91,9 @@ class OpenAIBackend(Backend):
         reasoning = next((extra[f] for f in _REASONING_FIELDS if extra.get(f)), None)
         return Generation(truncate_at_stop(message.content or "", stop), reasoning)
 
-    def generate(
-        self,
-        conversations: Sequence[Conversation],
-        *,
-        stop: Sequence[str],
-        max_new_tokens: int,
-        sessions: Sequence[Any] | None = None,
-        share_prefixes: bool = True,
-    ) -> list[Generation]:
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
         """Concurrent requests; the server keeps no state per trajectory (`sessions` unused)."""
         if not conversations:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
-            return list(pool.map(lambda c: self._complete(c, stop, max_new_tokens), conversations))
+            return list(pool.map(lambda c: self._complete(c, request.stop, request.max_new_tokens), conversations))

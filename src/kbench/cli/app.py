@@ -11,15 +11,20 @@ the code of that stage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import importlib.metadata
 import logging
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, NoneType, UnionType
 
 from kbench.config import DEFAULT_PARAMS
+from kbench.design import load_design
+from kbench.workers import configure_logging
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
@@ -85,34 +90,10 @@ def _command_groups(sub: argparse._SubParsersAction, groups: dict[str, list[str]
     return "\n\n".join(blocks)
 
 
-def add_command(
-    sub: argparse._SubParsersAction, name: str, handler: Callable[[argparse.Namespace], int], help: str, *,
-    corpus: Path | None = None, track: bool = True,
-) -> argparse.ArgumentParser:
-    """A subcommand running `handler`; `--corpus` (defaulting to `corpus`) and `--no-track`
-    (do not log an MLflow run) when asked for."""
-    parser = sub.add_parser(name, help=help)
-    if corpus is not None:
-        parser.add_argument("--corpus", default=str(corpus), help="corpus folder (default: %(default)s)")
-    if track:
-        parser.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
-    parser.set_defaults(handler=handler)
-    return parser
-
-
 def run(argv: Sequence[str] | None, modules: Sequence[ModuleType]) -> int:
     """Parse `argv` against the commands of `modules`, run the command, return its exit status."""
     args = build_parser(modules).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    # faiss logs each CPU-feature build it fails to load at INFO; only its warnings matter here.
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
-    # The HTTP client under the openai backend logs one INFO line per request: noise in a cell log.
-    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return int(args.handler(args) or 0)
     except USER_ERRORS as exc:
@@ -136,6 +117,68 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def add_stage(sub: argparse._SubParsersAction, stage: ModuleType) -> argparse.ArgumentParser:
+    """The subcommand of a pipeline stage module (`kbench.stages`): one option per field of its
+    `Options` dataclass (`--field-name`; a bool that defaults to True is `--no-field-name`, a
+    tuple is a repeatable option), then `stage.main(params, options)` on the loaded design."""
+    parser = sub.add_parser(stage.COMMAND, help=stage.HELP)
+    hints = typing.get_type_hints(stage.Options)
+    for field in dataclasses.fields(stage.Options):
+        kind, meta, flag = hints[field.name], field.metadata, "--" + field.name.replace("_", "-")
+        text = meta.get("help", "")
+        if kind is bool:
+            if field.default:
+                parser.add_argument("--no-" + flag[2:], dest=field.name, action="store_false", help=text)
+            else:
+                parser.add_argument(flag, dest=field.name, action="store_true", help=text)
+            continue
+        if field.default not in (None, ()):
+            text += " (default: %(default)s)"
+        repeated = typing.get_origin(kind) is tuple
+        parser.add_argument(
+            flag, dest=field.name, type=_value_type(kind), action="append" if repeated else "store",
+            default=None if repeated else field.default, help=text, choices=meta.get("choices"),
+            metavar=meta.get("metavar"),
+        )
+    # SUPPRESS: without the option here, `kbench --params FILE <stage>` keeps its global value.
+    parser.add_argument("--params", default=argparse.SUPPRESS,
+                        help="params file of the design (default: the global --params, params.yaml)")
+    parser.set_defaults(handler=functools.partial(_run_stage_command, stage))
+    return parser
+
+
+def _value_type(kind: object) -> type:
+    """The type one command-line value of an option field converts to (str, int, Path)."""
+    if isinstance(kind, UnionType) or typing.get_origin(kind) is typing.Union:
+        (kind,) = [arg for arg in typing.get_args(kind) if arg is not NoneType]
+    if typing.get_origin(kind) is tuple:
+        kind = typing.get_args(kind)[0]
+    return kind  # type: ignore[return-value]
+
+
+def stage_options(stage: ModuleType, args: argparse.Namespace) -> object:
+    """The stage's `Options` from parsed arguments (a repeated option's values as a tuple)."""
+    values = {}
+    for field in dataclasses.fields(stage.Options):
+        value = getattr(args, field.name)
+        values[field.name] = tuple(value or ()) if isinstance(field.default, tuple) else value
+    return stage.Options(**values)
+
+
+def _run_stage_command(stage: ModuleType, args: argparse.Namespace) -> int:
+    return stage.main(load_design(args.params), stage_options(stage, args))
+
+
 def run_stage(stage: ModuleType) -> None:
     """Entry point of a thin DVC stage script: `kbench <stage.COMMAND> <argv...>`."""
-    sys.exit(run([stage.COMMAND, *sys.argv[1:]], [stage]))
+    sys.exit(run([stage.COMMAND, *sys.argv[1:]], [_StageCommands(stage)]))
+
+
+class _StageCommands:
+    """One stage module as a command module of `run` (its `add_subcommands`)."""
+
+    def __init__(self, stage: ModuleType) -> None:
+        self.stage = stage
+
+    def add_subcommands(self, sub: argparse._SubParsersAction) -> None:
+        add_stage(sub, self.stage)

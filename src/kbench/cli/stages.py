@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 
+from kbench.cli.app import add_stage
 from kbench.stages import agent_base, cell, compare, corpus, fit, index, inject, probes, unlearn
 
 #: The title of these commands in `kbench --help`.
 GROUP = "pipeline stages (`dvc repro` runs them in this order; each can also be run by hand)"
-#: The DVC stages in pipeline order; each module has `COMMAND` and `add_subcommands(sub)`.
+#: The DVC stages in pipeline order; each module has `COMMAND`, `HELP`, `Options` and `main`.
 STAGE_MODULES = (corpus, index, agent_base, inject, fit, unlearn, probes, cell, compare)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
     for stage in STAGE_MODULES:
-        stage.add_subcommands(sub)
+        add_stage(sub, stage)

@@ -370,6 +370,21 @@ class Comparison:
         return tuple(c for c in K_CLASSES if c in reachable)
 
 
+class _Metrics:
+    """Each cell's metrics computed once per comparison: the rows, controls, leak patterns and
+    seed K-Scores read the same cells, and the bootstrap behind the metrics is the costly part."""
+
+    def __init__(self, config: ScoringConfig) -> None:
+        self.config = config
+        self._done: dict[int, tuple[ScoredQueries, CellMetrics]] = {}
+
+    def __call__(self, scored: ScoredQueries) -> CellMetrics:
+        done = self._done.get(id(scored))
+        if done is None or done[0] is not scored:  # keyed by identity; the cell is kept alive beside it
+            done = self._done[id(scored)] = (scored, cell_metrics(scored, self.config))
+        return done[1]
+
+
 def _quartet(row: Row, baseline: Row, by_seed: int | None = None) -> CellQuartet:
     def cells(r: Row) -> dict[str, ScoredQueries]:
         return r.pooled if by_seed is None else r.by_seed[by_seed]
@@ -395,7 +410,7 @@ def _budget_tests(quartet: CellQuartet) -> dict[str, float]:
     }
 
 
-def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResult]:
+def _row_results(rows: dict[RowKey, Row], config: ScoringConfig, metrics: _Metrics) -> list[RowResult]:
     """Verdicts of every comparable row, with BH across all method rows present.
 
     Two families (SPEC §9): the forget tests and the retain tests of every method row, over
@@ -416,7 +431,7 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
     results = []
     for row in comparable:
         key, quartet = row.key, quartets[row.key]
-        none_forget, none_retain, method_forget, method_retain = (cell_metrics(c, config) for c in quartet.cells())
+        none_forget, none_retain, method_forget, method_retain = (metrics(c) for c in quartet.cells())
         p = forget_tests[key].p
         verdict = decide_verdict(
             none_forget, none_retain, method_forget, method_retain,
@@ -425,7 +440,8 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
         by_budget = (
             {}
             if key.is_baseline
-            else verdicts_by_budget(quartet, config, {b: budget_p_adj[b][key] for b in ATTACKER_BUDGETS})
+            else verdicts_by_budget(quartet, config, {b: budget_p_adj[b][key] for b in ATTACKER_BUDGETS},
+                                    budget_p[key])
         )
         results.append(
             RowResult(
@@ -450,7 +466,7 @@ def _row_results(rows: dict[RowKey, Row], config: ScoringConfig) -> list[RowResu
     return results
 
 
-def _controls(rows: dict[RowKey, Row], config: ScoringConfig) -> list[ControlResult]:
+def _controls(rows: dict[RowKey, Row], metrics: _Metrics) -> list[ControlResult]:
     results = []
     for row in rows.values():
         if not row.key.is_control:
@@ -460,11 +476,11 @@ def _controls(rows: dict[RowKey, Row], config: ScoringConfig) -> list[ControlRes
             ControlResult(
                 key=row.key,
                 run_ids=row.run_ids,
-                forget=cell_metrics(row.pooled[FORGET], config),
-                retain=cell_metrics(row.pooled[RETAIN], config),
+                forget=metrics(row.pooled[FORGET]),
+                retain=metrics(row.pooled[RETAIN]),
                 baseline_run_ids=baseline.run_ids if baseline else (),
-                baseline_forget=cell_metrics(baseline.pooled[FORGET], config) if baseline else None,
-                baseline_retain=cell_metrics(baseline.pooled[RETAIN], config) if baseline else None,
+                baseline_forget=metrics(baseline.pooled[FORGET]) if baseline else None,
+                baseline_retain=metrics(baseline.pooled[RETAIN]) if baseline else None,
             )
         )
     return results
@@ -478,10 +494,10 @@ def _missing(rows: dict[RowKey, Row]) -> list[MissingBaseline]:
     ]
 
 
-def _pattern(row: Row, result: RowResult, config: ScoringConfig, default: SubstratePattern | None) -> SubstratePattern:
+def _pattern(row: Row, result: RowResult, metrics: _Metrics, default: SubstratePattern | None) -> SubstratePattern:
     """One baseline's leak-pattern entry; `default`: for a recipe line, its substrate's entry."""
     seed_shares = tuple(
-        shares for cells in row.by_seed.values() if (shares := cell_metrics(cells[FORGET], config).shares) is not None
+        shares for cells in row.by_seed.values() if (shares := metrics(cells[FORGET]).shares) is not None
     )
     tv_to_default = None
     if default is not None and result.forget.shares is not None and default.metrics.shares is not None:
@@ -496,7 +512,7 @@ def _pattern(row: Row, result: RowResult, config: ScoringConfig, default: Substr
     )
 
 
-def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: ScoringConfig) -> list[LeakPatterns]:
+def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], metrics: _Metrics) -> list[LeakPatterns]:
     """Per base model: baseline leak shares per substrate, pairwise TV and τ (SPEC §9).
 
     One entry per substrate, its default recipe (LoRA for P, adapter-free for the others);
@@ -510,17 +526,17 @@ def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], config: Sc
     for base_model, group in itertools.groupby(baselines, key=lambda r: r.key.base_model):
         group = list(group)
         substrates = {
-            r.key.substrate: _pattern(rows[r.key], r, config, None) for r in group if r.key.recipe in DEFAULT_RECIPES
+            r.key.substrate: _pattern(rows[r.key], r, metrics, None) for r in group if r.key.recipe in DEFAULT_RECIPES
         }
         recipes = [
-            _pattern(rows[r.key], r, config, substrates.get(r.key.substrate))
+            _pattern(rows[r.key], r, metrics, substrates.get(r.key.substrate))
             for r in group
             if r.key.recipe not in DEFAULT_RECIPES
         ]
         valid = [s for s in substrates.values() if not s.invalid]
         shares = {s.key.substrate: s.metrics.shares for s in valid if s.metrics.shares is not None}
-        tau = tau_threshold({s.key.substrate: s.seed_shares for s in valid}, config.tau_factor)
-        pairs = substrate_separation(shares, math.nan if tau is None else tau, config.tv_exempt_pairs)
+        tau = tau_threshold({s.key.substrate: s.seed_shares for s in valid}, metrics.config.tau_factor)
+        pairs = substrate_separation(shares, math.nan if tau is None else tau, metrics.config.tv_exempt_pairs)
         patterns.append(
             LeakPatterns(
                 base_model=base_model,
@@ -546,7 +562,7 @@ def _recipe_factor(key: RowKey) -> str:
 
 
 def _seed_k_scores(
-    rows_by_rule: Mapping[str, dict[RowKey, Row]], keys: Sequence[RowKey], config: ScoringConfig
+    rows_by_rule: Mapping[str, dict[RowKey, Row]], keys: Sequence[RowKey], metrics: _Metrics
 ) -> pd.DataFrame:
     """One K-Score per (scoring rule, row, seed) against the baseline of the same seed and rule
     (NaN: TC or invalid baseline).
@@ -563,8 +579,8 @@ def _seed_k_scores(
                 quartet = _quartet(row, baseline, by_seed=seed)
                 p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
                 verdict = decide_verdict(
-                    *(cell_metrics(cell, config) for cell in quartet.cells()),
-                    p=p, p_adj=p, is_baseline=key.is_baseline, config=config,
+                    *(metrics(cell) for cell in quartet.cells()),
+                    p=p, p_adj=p, is_baseline=key.is_baseline, config=metrics.config,
                 )
                 records.append({
                     "method": key.method,
@@ -605,14 +621,15 @@ def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None) -> Co
     config = config or ScoringConfig()
     cells = list(cells)
     rows = group_rows(cells, config.rule)
-    results = _row_results(rows, config)
+    metrics = _Metrics(config)
+    results = _row_results(rows, config, metrics)
     rows_by_rule = {rule: rows if rule == config.rule else group_rows(cells, rule) for rule in scoring_rule_names()}
     return Comparison(
         rows=tuple(results),
-        controls=tuple(_controls(rows, config)),
+        controls=tuple(_controls(rows, metrics)),
         missing=tuple(_missing(rows)),
-        leak_patterns=tuple(_leak_patterns(rows, results, config)),
-        sensitivity=sensitivity(_seed_k_scores(rows_by_rule, [r.key for r in results], config)),
+        leak_patterns=tuple(_leak_patterns(rows, results, metrics)),
+        sensitivity=sensitivity(_seed_k_scores(rows_by_rule, [r.key for r in results], metrics)),
         config=config,
         answer_rules=_answer_rules(cells),
     )

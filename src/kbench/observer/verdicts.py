@@ -265,16 +265,19 @@ class CellQuartet:
 
 
 def compare_cells(
-    quartet: CellQuartet, config: ScoringConfig | None = None, p_adj: float | None = None
+    quartet: CellQuartet, config: ScoringConfig | None = None, p_adj: float | None = None, *,
+    p: float | None = None,
 ) -> VerdictResult:
     """Metrics, forget-split McNemar and verdict of one method against the baseline.
 
     `p_adj` defaults to the raw p: one method forms a BH family of one. The comparison
-    stage, which tests many methods, passes the p adjusted within the forget family.
+    stage, which tests many methods, passes the p adjusted within the forget family, and the
+    raw `p` it has already computed for that adjustment.
     """
     config = config or ScoringConfig()
     quartet.check()
-    p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
+    if p is None:
+        p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
     metrics = [cell_metrics(cell, config) for cell in quartet.cells()]
     return decide_verdict(
         *metrics,
@@ -289,18 +292,21 @@ def verdicts_by_budget(
     quartet: CellQuartet,
     config: ScoringConfig | None = None,
     p_adj_by_budget: Mapping[str, float] | None = None,
+    p_by_budget: Mapping[str, float] | None = None,
 ) -> dict[str, VerdictResult]:
     """The verdict under each attacker budget A1..A5 (SPEC §8): every cell is read through
     that budget's channels only, so OR, shares, the dominant channel, McNemar and the
     OR gate of the baseline all use the budget; TC and the answer-severity gate do not
     depend on it. `p_adj_by_budget` carries BH-adjusted p per budget when many methods
-    are tested; by default each budget's p is its own adjusted p.
+    are tested (with the raw p behind them, `p_by_budget`); by default each budget's p is its
+    own adjusted p.
     """
     return {
         budget: compare_cells(
             quartet.restrict(channels),
             config,
             None if p_adj_by_budget is None else p_adj_by_budget[budget],
+            p=None if p_by_budget is None else p_by_budget[budget],
         )
         for budget, channels in ATTACKER_BUDGETS.items()
     }

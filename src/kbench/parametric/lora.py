@@ -12,7 +12,7 @@ the prefix all examples of a micro-batch share runs once and each example's rest
 in its own causal pass (`micro_batch_backward`): no tree mask, for long examples.
 
 Processes: with `helpers` (a loader of the same model), each step's micro-batches are split
-between this process and that many spawned helper processes, each on its share of the cores;
+between this process and a process pool of that many helpers, each on its share of the cores;
 every micro-batch's gradient is computed alone and the gradients are summed in the order one
 process would have accumulated them, so the adapter is the same bytes (`_StepHelpers`).
 
@@ -27,22 +27,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import pickle
 import random
-import subprocess
-import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from kbench.config import LoraConfig, MixedPrecision
-from kbench.workers import child_env, worker_threads
+from kbench.workers import process_pool, start_worker, stop_pool, worker_threads
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +121,16 @@ def _batches(n_examples: int, settings: LoraConfig, rng: random.Random) -> Itera
                 return
             step += 1
             yield epoch, order[start : start + settings.batch_size]
+
+
+def optimizer_and_schedule(trainable: Sequence[torch.nn.Parameter], *, learning_rate: float, lr_schedule: str,
+                           n_steps: int, weight_decay: float = 0.01) -> tuple[torch.optim.Optimizer, Any]:
+    """The one optimizer setup of every trainer: AdamW at `learning_rate` (torch's default weight
+    decay unless given) and its schedule, "constant" or "linear" (step s from 0 runs at
+    1 - s / n_steps of the rate, so the last step still learns something)."""
+    optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=weight_decay)
+    decay = (lambda step: 1.0 - step / n_steps) if lr_schedule == "linear" else (lambda step: 1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
 
 
 def total_steps(n_examples: int, settings: LoraConfig) -> int:
@@ -386,31 +393,31 @@ def _with_adapter(model: Any, lora: Any) -> tuple[Any, list[torch.nn.Parameter]]
     return peft_model, [p for p in peft_model.parameters() if p.requires_grad]
 
 
-def _send(connection: Connection, message: Any) -> None:
-    """Plain pickles (tensors by value): torch's shared-memory pickling needs multiprocessing's
-    own processes, and a helper is not one."""
-    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+#: A helper process's model: (peft model, trainable parameters, settings), set by `_start_helper`.
+_HELPER: tuple[Any, list[torch.nn.Parameter], LoraConfig] | None = None
 
 
-def _receive(connection: Connection) -> Any:
-    return pickle.loads(connection.recv_bytes())
-
-
-def _helper_main(read_fd: int, write_fd: int) -> None:
-    """A helper process (`python -c` of `_StepHelpers`): the same model and adapter layout; for
-    each (weights, micro-batches, n_learned) it receives, the micro-batches' losses and
-    gradients, one by one; None ends it. Messages are pickles on its own two pipes."""
-    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    loader, lora, settings = _receive(inbox)  # its thread count is its environment's (`child_env`)
+def _start_helper(threads: int, log_level: int, loader: Callable[[], Any], lora: Any, settings: LoraConfig) -> None:
+    """A helper's pool initializer: its share of the cores, then the same model and adapter layout."""
+    global _HELPER
+    start_worker(threads, log_level)
     model = loader()
     peft_model, trainable = _with_adapter(model, lora)
     _use_attention(model, settings.attention or model.config._attn_implementation)
-    while (message := _receive(inbox)) is not None:
-        weights, parts, n_learned = message
-        with torch.no_grad():
-            for parameter, weight in zip(trainable, weights):
-                parameter.copy_(weight)
-        _send(outbox, [_one_backward(peft_model, trainable, rows, settings, n_learned) for rows in parts])
+    _HELPER = (peft_model, trainable, settings)
+
+
+def _helper_share(message: bytes) -> bytes:
+    """A helper's task: for (weights, micro-batches, n_learned), each micro-batch's loss sum and
+    gradient. Pickled by value both ways (tensors by value, whatever their dtype): torch's own
+    pickling in a pool would move the trainer's live parameters into shared memory."""
+    peft_model, trainable, settings = _HELPER
+    weights, parts, n_learned = pickle.loads(message)
+    with torch.no_grad():
+        for parameter, weight in zip(trainable, weights):
+            parameter.copy_(weight)
+    results = [_one_backward(peft_model, trainable, rows, settings, n_learned) for rows in parts]
+    return pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _StepHelpers:
@@ -421,36 +428,28 @@ class _StepHelpers:
     gradient. The gradients are then summed micro-batch by micro-batch in order, exactly as one
     process's backward passes accumulate them, so the step is the same in every bit provided a
     micro-batch's gradient does not depend on the thread count (checked in tests/test_lora.py and
-    BENCHMARKS.md). A helper is a plain `python -c` child (not multiprocessing, which would
-    re-run a pipeline script as its main module) talking over two pipes of its own."""
+    BENCHMARKS.md). An all-reduce (torch.distributed) would sum the shares in another order and
+    give other bits; docs/parametric.md has the measurement. The helpers are a process pool
+    (`kbench.workers.process_pool`) whose initializer loads the model once."""
 
     def __init__(self, count: int, loader: Callable[[], Any], lora: Any, settings: LoraConfig) -> None:
-        self.settings, self.links, self.processes = settings, [], []
-        env = child_env(count + 1)
-        for _ in range(count):
-            to_child, from_parent = os.pipe()
-            to_parent, from_child = os.pipe()
-            code = f"from kbench.parametric.lora import _helper_main; _helper_main({to_child}, {from_child})"
-            process = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(to_child, from_child))
-            os.close(to_child)
-            os.close(from_child)
-            outbox, inbox = Connection(from_parent, readable=False), Connection(to_parent, writable=False)
-            _send(outbox, (loader, lora, settings))
-            self.links.append((outbox, inbox))
-            self.processes.append(process)
+        self.settings, self.count = settings, count
+        self.pool = process_pool(count, threads=worker_threads(count + 1), initializer=_start_helper,
+                                 initargs=(loader, lora, settings))
 
     def step(self, model: Any, trainable: Sequence[torch.nn.Parameter], parts: list[list[Example]],
              n_learned: int) -> float:
         """Forward and backward of all `parts`, their gradients accumulated in `trainable` in order."""
-        shares = _shares(parts, 1 + len(self.links))
+        shares = _shares(parts, 1 + self.count)
         weights = [parameter.detach() for parameter in trainable]
+        futures = [self.pool.submit(_helper_share, pickle.dumps((weights, share, n_learned),
+                                                                protocol=pickle.HIGHEST_PROTOCOL))
+                   for share in shares[1:]]
+        results = [_one_backward(model, trainable, rows, self.settings, n_learned) for rows in shares[0]]
         try:
-            for (outbox, _), share in zip(self.links, shares[1:]):
-                _send(outbox, (weights, share, n_learned))
-            results = [_one_backward(model, trainable, rows, self.settings, n_learned) for rows in shares[0]]
-            for _, inbox in self.links:
-                results += _receive(inbox)
-        except (EOFError, BrokenPipeError):
+            for future in futures:
+                results += pickle.loads(future.result())
+        except BrokenProcessPool:
             raise LoraError("a LoRA helper process exited during a step (its error is above)") from None
         for parameter in trainable:
             parameter.grad = None
@@ -466,21 +465,12 @@ class _StepHelpers:
                     parameter.grad.add_(grad)
         return total
 
-    def close(self) -> None:
-        """End every helper (None on its pipe), then wait for it; one that does not end is killed."""
-        for outbox, inbox in self.links:
-            try:
-                _send(outbox, None)
-            except OSError:
-                pass
-            outbox.close()
-            inbox.close()
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    def close(self, *, failed: bool = False) -> None:
+        """End the helpers: wait for them, or (`failed`) stop them at once."""
+        if failed:
+            stop_pool(self.pool)
+        else:
+            self.pool.shutdown(wait=True)
 
 
 def _shares(parts: list[list[Example]], count: int) -> list[list[list[Example]]]:
@@ -537,11 +527,9 @@ def train_lora(
         target_modules=target, task_type="CAUSAL_LM", layers_to_transform=layers,
     )
     peft_model, trainable = _with_adapter(model, lora)
-    optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
-    n_steps = total_steps(len(examples), settings)
-    # Step s (from 0) runs at (1 - s / n_steps) x the rate: the last step still learns something.
-    decay = (lambda step: 1.0 - step / n_steps) if settings.lr_schedule == "linear" else (lambda step: 1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+    optimizer, scheduler = optimizer_and_schedule(trainable, learning_rate=settings.learning_rate,
+                                                  lr_schedule=settings.lr_schedule,
+                                                  n_steps=total_steps(len(examples), settings))
     run = LoraRun(model=peft_model)
     epoch_start = 0
     step_helpers = None
@@ -566,6 +554,7 @@ def train_lora(
             peft_model.train()
 
     _use_attention(model, training_attention)
+    completed = False
     try:
         current_epoch = 1
         for epoch, indices in _batches(len(examples), settings, random.Random(settings.seed)):
@@ -589,11 +578,12 @@ def train_lora(
             log.info("LoRA step %d (epoch %d): loss %.4f", len(run.step_losses), epoch, run.step_losses[-1])
         if len(run.step_losses) > epoch_start:
             close_epoch(current_epoch)
+        completed = True
     finally:
         # The caller's model gets its own kernel back, also when a step or `on_epoch` raises.
         _use_attention(model, own_attention)
         if step_helpers is not None:
-            step_helpers.close()
+            step_helpers.close(failed=not completed)
             torch.set_num_threads(threads)
     peft_model.eval()
     return run

@@ -43,7 +43,7 @@ from kbench.methods.unlearning import (
     WeightMethod,
 )
 from kbench.parametric.adapters import INJECTION_FILE, TARGET, InjectionError, check_injected
-from kbench.parametric.lora import Example, pack, packed_forward
+from kbench.parametric.lora import Example, optimizer_and_schedule, pack, packed_forward
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +154,10 @@ def train_unlearning(
             for p, value in zip(trainable, trained):
                 p.data = value
 
-    optimizer = torch.optim.AdamW(trainable, lr=budget.learning_rate, weight_decay=budget.weight_decay)
     n_steps = total_steps(len(forget), budget)
-    decay = (lambda step: 1.0 - step / n_steps) if budget.lr_schedule == "linear" else (lambda step: 1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+    optimizer, scheduler = optimizer_and_schedule(trainable, learning_rate=budget.learning_rate,
+                                                  lr_schedule=budget.lr_schedule, n_steps=n_steps,
+                                                  weight_decay=budget.weight_decay)
     run = UnlearnRun(model=model)
     model.train()
     for step_index, (f, r) in enumerate(_steps(len(forget), len(retain), budget), start=1):

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import io, tracking
-from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import load_corpus
-from kbench.design import load_design
 from kbench.parametric.agent_base import train_agent_base
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
 
 COMMAND = "agent-base"
+HELP = "LoRA-tune the base model into a ReAct agent (agent_base.*)"
 METRICS_FILE = "agent_base_metrics.json"
 
 
@@ -29,11 +29,16 @@ def run_agent_base_stage(params: Params, corpus_dir: Path, *, track: bool = True
     return metrics
 
 
-def cmd_agent_base(args: argparse.Namespace) -> int:
-    run_agent_base_stage(load_design(args.params), Path(args.corpus), track=not args.no_track)
+@dataclass(frozen=True)
+class Options:
+    """`kbench agent-base`'s options."""
+
+    #: The corpus the training transcripts are made from.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: Record the agent base as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
+
+
+def main(params: Params, options: Options) -> int:
+    run_agent_base_stage(params, options.corpus, track=options.track)
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    add_command(sub, COMMAND, cmd_agent_base, "LoRA-tune the base model into a ReAct agent (agent_base.*)",
-                corpus=CORPUS_DIR)

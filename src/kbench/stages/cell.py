@@ -7,23 +7,19 @@ trajectories are MLflow traces. Layout and tags: docs/tracking.md.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import logging
 import shutil
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kbench import io, tracking
 from kbench.agent import run_cell, setup_cell
-from kbench.cli.app import add_command
 from kbench.config import ModelConfig, Params
 from kbench.corpus import load_corpus
-from kbench.design import design_digest, load_design, require_weights
-from kbench.methods import Fitted, method_class, method_config
+from kbench.design import design_digest, require_weights
+from kbench.methods import Fitted, method_class
 from kbench.methods.fitting import fitted_dir, load_fitted
 from kbench.names import (
     ADAPTER_FREE,
@@ -39,14 +35,17 @@ from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapt
 from kbench.methods.unlearning import CONTINUED, Unlearned
 from kbench.parametric.unlearning import check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
+from kbench.stages.inputs import shaping
 from kbench.substrates import substrate_class
-from kbench.workers import run_queue, serve_queue
+from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
 
 COMMAND = "cell"
+HELP = "run one cell (substrate x recipe x method x seed) and score it"
 CELLS_DIR = Path("artifacts/cells")
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.json"
@@ -118,21 +117,17 @@ def write_skipped(out_root: Path, spec: CellSpec, reason: str) -> Path:
     return method_dir
 
 
-#: Params sections that do not shape a trajectory (the cell list, scoring, where runs go); a
-#: cell adds its own method's section and fitted artifact (`run_cell_stage`).
-_NOT_SHAPING = {"seeds", "substrates", "methods", "scoring", "tracking", "corpus", "method_params", "fit", "execution",
-                "unlearning"}
-
-
-def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str, extra: dict) -> dict:
-    shaping = {
+def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str, artifacts: dict) -> dict:
+    """Everything that shapes the cell's trajectories: its key, the corpus, the params the cell
+    stages declare as shaping (`kbench.stages.inputs`, the method's own section among them) and
+    the hashes of the artifacts it loads."""
+    inputs = {
         "cell": spec.cell_id,
         "corpus": corpus_fingerprint,
-        **params.model_dump(exclude=_NOT_SHAPING),
-        **extra,
+        **shaping(params, "cell", method=spec.method),
+        **artifacts,
     }
-    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
-    return {"digest": digest[:20], **shaping}
+    return {"digest": io.json_digest(inputs), **inputs}
 
 
 def _previous_digest(inputs_path: Path) -> str | None:
@@ -220,15 +215,13 @@ def run_cell_stage(
     method = method_class(spec.method)
     corpus = load_corpus(corpus_dir)
     out_dir = out_root / spec.method_dir / spec.recipe
-    adapter_digest = tracking.output_hash(adapter_path) if adapter_path else None
-    unlearned_digest = tracking.output_hash(unlearned.path) if unlearned else None
+    adapter_digest = io.folder_hash(adapter_path) if adapter_path else None
+    unlearned_digest = io.folder_hash(unlearned.path) if unlearned else None
     fitted_digest = deployed.fitted_digest
     corpus_fingerprint = corpus.fingerprint()
     inputs = _inputs_fingerprint(params, spec, corpus_fingerprint, {
         "adapter": adapter_digest,
-        # the method's own section and fitted artifact shape its trajectories; no other method's does
-        **({"method_params": method_config(spec.method, params).model_dump(mode="json")}
-           if method.Config.model_fields else {}),
+        # the method's own fitted or trained artifact shapes its trajectories; no other method's does
         **({"fitted": fitted_digest} if fitted_digest else {}),
         **({"unlearned": unlearned_digest} if unlearned_digest else {}),
     })
@@ -294,7 +287,7 @@ def deployment(params: Params, spec: CellSpec, adapter_path: Path | None = None)
     fitted, fitted_digest = None, None
     if method.fits:
         fitted = load_fitted(params, spec.method, model_fingerprint(model))
-        fitted_digest = tracking.output_hash(fitted_dir(params, spec.method))
+        fitted_digest = io.folder_hash(fitted_dir(params, spec.method))
     return Deployment(model, adapter_path, unlearned, fitted, fitted_digest)
 
 
@@ -305,77 +298,120 @@ def _unlearned(params: Params, spec: CellSpec, target: Path | None, base_dir: st
     trained_as = method_class(spec.method).trained_as()
     return check_unlearned(
         unlearned_dir(params.unlearning.out_dir, trained_as, spec.recipe), base_dir,
-        method=trained_as, recipe=spec.recipe, source_hash=tracking.output_hash(target),
+        method=trained_as, recipe=spec.recipe, source_hash=io.folder_hash(target),
     )
 
 
-def _cell_command(args: argparse.Namespace) -> list[str]:
-    """The `kbench cell --queue` child of an --all-methods or --controls run: it runs the cells
-    it is handed on its stdin ("<substrate> <seed> <method>" per line) one after the other in
-    one process (the imports are paid once); untracked: the parent logs each cell."""
-    command = [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "cell", "--queue",
-               "--corpus", args.corpus, "--index", args.index, "--out-root", args.out_root, "--no-track",
-               "--no-progress"]
-    if args.recipe:
-        command += ["--recipe", args.recipe]
-    if args.adapter:
-        command += ["--adapter", args.adapter]
-    return command
+@dataclass(frozen=True)
+class Options:
+    """`kbench cell`'s options."""
+
+    #: The substrate of the cell (required unless `controls`).
+    substrate: str | None = option(None, "a registered substrate (P, C, R-text, R-struct)")
+    #: The methods to run one after the other; empty: the baseline.
+    method: tuple[str, ...] = option(
+        (), f"unlearning method (default: {BASELINE_METHOD}); repeat it to run several, one after the other")
+    #: The seed of the cell's query sample (required unless `controls`).
+    seed: int | None = option(None, "the seed of the cell's query sample")
+    #: The injection recipe; None: every `p_recipes` entry on P, the adapter-free recipe elsewhere.
+    recipe: str | None = option(
+        None, f"off {PARAMETRIC}: {ADAPTER_FREE} (default) or {CONTROL} (the control); {PARAMETRIC}: "
+        f"{' or '.join(P_RECIPES)} (default: every one in p_recipes)", choices=RECIPES)
+    #: Every method of the design on the substrate, in a process pool.
+    all_methods: bool = option(
+        False, "run every method of the design (`methods`) on the substrate, execution.cell_workers cells side by "
+        "side; a method that cannot act on it leaves a skip marker (the DVC stages use this)")
+    #: A method that cannot act on the substrate writes a skip marker instead of failing.
+    skip_unreachable: bool = option(
+        False, "a method that cannot act on the substrate writes a skip marker instead of failing")
+    #: Show a progress bar.
+    progress: bool = option(True, "no progress bar")
+    #: The LoRA-D control on every adapter-free substrate and seed.
+    controls: bool = option(
+        False, "the LoRA-D control on every adapter-free substrate and seed, execution.cell_workers side by side "
+        "(the DVC stage `controls` uses this)")
+    #: The adapter loaded instead of the recipe's own.
+    adapter: Path | None = option(None, "LoRA adapter folder for P or the LoRA-D control")
+    #: The corpus the queries come from.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: R-text's index.
+    index: Path = option(INDEX_DIR, "R-text index folder")
+    #: Where the cell folders are written.
+    out_root: Path = option(CELLS_DIR, "cells folder")
+    #: Record each cell as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
 
 
-def queue_item(substrate: str, seed: int, method: str) -> str:
-    """One line of a `kbench cell --queue` child's stdin."""
-    return f"{substrate} {seed} {method}"
+@dataclass(frozen=True)
+class QueuedCell:
+    """One cell of an --all-methods or --controls run, as a pool worker is handed it."""
+
+    #: The design.
+    params: Params
+    #: The run's options (the worker's copy runs untracked, without a progress bar).
+    options: Options
+    #: The cell's substrate.
+    substrate: str
+    #: The cell's seed.
+    seed: int
+    #: The cell's method.
+    method: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.substrate}/{self.seed}/{self.method}"
 
 
-def _queued(params: Params, args: argparse.Namespace, items: list[str]) -> list[str]:
-    """Run queue items through `execution.cell_workers` children; log each finished cell's runs."""
-    out_root = Path(args.out_root)
-    recipe_of = {}
-    for item in items:
-        substrate, seed, method = item.split()
-        recipe_of[item] = out_root / CellSpec(substrate, method, int(seed), cell_recipes(params, substrate, args.recipe)[0]).method_dir
+def run_queued(job: QueuedCell) -> None:
+    """A pool worker's task: one method's cells on one substrate and seed, untracked (the stage's
+    process logs them); a cell's traces do not depend on the cells run before it in the worker."""
+    options = replace(job.options, substrate=job.substrate, seed=job.seed, track=False, progress=False)
+    run_methods(job.params, options, [job.method])
 
-    def logged(item: str, seconds: float) -> None:
-        log.info("cell %s finished in %.0f s", item.replace(" ", "/"), seconds)
-        if not args.no_track:
-            for recipe_dir in sorted(recipe_of[item].iterdir()):
+
+def _queued(params: Params, options: Options, jobs: list[QueuedCell]) -> list[str]:
+    """Run cells through a pool of `execution.cell_workers` processes; log each finished cell's runs."""
+    def logged(job: QueuedCell, _: None, seconds: float) -> None:
+        log.info("cell %s finished in %.0f s", job.label, seconds)
+        if options.track:
+            spec = CellSpec(job.substrate, job.method, job.seed, cell_recipes(params, job.substrate, options.recipe)[0])
+            for recipe_dir in sorted((options.out_root / spec.method_dir).iterdir()):
                 if (recipe_dir / tracking.RUN_MANIFEST).exists():
                     tracking.log_output(params, recipe_dir)
 
-    return run_queue(_cell_command(args), items, params.execution.cell_workers, logged)
+    return run_pool(run_queued, jobs, params.execution.cell_workers, logged, label=lambda job: job.label)
 
 
-def run_all_methods(params: Params, args: argparse.Namespace) -> None:
-    """Every method of the design on one substrate and seed through `execution.cell_workers`
-    child processes, each on its share of the cores, taking the next method from a work queue
+def run_all_methods(params: Params, options: Options) -> None:
+    """Every method of the design on one substrate and seed through a pool of
+    `execution.cell_workers` processes, each on its share of the cores, taking the next method
     when it finishes one (a cell's traces do not depend on its thread count or on the cells run
     before it in the process: tests/test_methods.py); each finished cell is then logged to
     MLflow by this process alone."""
-    out_root = Path(args.out_root)
-    recipe = cell_recipes(params, args.substrate, args.recipe)[0]
+    recipe = cell_recipes(params, options.substrate, options.recipe)[0]
     todo = []
     for method in params.methods:
-        reason = unreachable_reason(args.substrate, method)
+        reason = unreachable_reason(options.substrate, method)
         if reason is None:
             todo.append(method)
         else:
-            spec = CellSpec(args.substrate, method, args.seed, recipe)
-            write_skipped(out_root, spec, reason)
-            log.info("%s: %s (skip marker written)", out_root / spec.method_dir, reason)
-    log.info("cells of %s seed %d: %s", args.substrate, args.seed, ", ".join(todo))
-    failed = [f.split(" ", 2)[2] for f in _queued(params, args, [queue_item(args.substrate, args.seed, m) for m in todo])]
+            spec = CellSpec(options.substrate, method, options.seed, recipe)
+            write_skipped(options.out_root, spec, reason)
+            log.info("%s: %s (skip marker written)", options.out_root / spec.method_dir, reason)
+    log.info("cells of %s seed %d: %s", options.substrate, options.seed, ", ".join(todo))
+    failed = _queued(params, options, [QueuedCell(params, options, options.substrate, options.seed, m) for m in todo])
     if failed:
-        raise CellError(f"cells of {args.substrate} seed {args.seed} failed: {', '.join(failed)} (their "
+        raise CellError(f"cells of {options.substrate} seed {options.seed} failed: {', '.join(failed)} (their "
                         "messages are above; finished cells are kept and a rerun resumes)")
 
 
-def run_controls(params: Params, args: argparse.Namespace) -> None:
+def run_controls(params: Params, options: Options) -> None:
     """The LoRA-D control (the `none` method with the distractor adapter) on every adapter-free
-    substrate and seed of the design, through the same work queue as --all-methods."""
-    items = [queue_item(substrate, seed, BASELINE_METHOD) for substrate in params.substrates for seed in params.seeds]
-    log.info("LoRA-D controls: %s", ", ".join(i.rsplit(" ", 1)[0].replace(" ", "/") for i in items))
-    failed = _queued(params, args, items)
+    substrate and seed of the design, through the same pool as --all-methods."""
+    jobs = [QueuedCell(params, options, substrate, seed, BASELINE_METHOD)
+            for substrate in params.substrates for seed in params.seeds]
+    log.info("LoRA-D controls: %s", ", ".join(f"{job.substrate}/{job.seed}" for job in jobs))
+    failed = _queued(params, options, jobs)
     if failed:
         raise CellError(f"LoRA-D controls failed: {', '.join(failed)} (their messages are above; finished cells "
                         "are kept and a rerun resumes)")
@@ -385,84 +421,40 @@ class CellError(ValueError):
     """A cell of an --all-methods run failed (its own message says why)."""
 
 
-def cmd_cell(args: argparse.Namespace) -> int:
+def main(params: Params, options: Options) -> int:
     """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record; with
     --all-methods, every method of the design on the substrate; with --controls, the LoRA-D
     control on every adapter-free substrate and seed."""
-    params = load_design(args.params)
-    if args.controls:
+    if options.controls:
         require_weights(params, "LoRA-D control", "loads the distractor adapter into the model's weights")
-        args.recipe = CONTROL
-        run_controls(params, args)
+        run_controls(params, replace(options, recipe=CONTROL))
         return 0
-    if args.queue:  # a child of --all-methods or --controls: one cell per stdin line
-        def run_item(item: str) -> None:
-            substrate, seed, method = item.split()
-            run_methods(params, argparse.Namespace(**{**vars(args), "substrate": substrate, "seed": int(seed)}),
-                        Path(args.out_root), [method])
-
-        serve_queue(run_item, widen=True)  # traces do not depend on the thread count
-        return 0
-    if args.substrate is None or args.seed is None:
+    if options.substrate is None or options.seed is None:
         raise ValueError("kbench cell needs --substrate and --seed (or --controls)")
-    if args.substrate == PARAMETRIC:
+    if options.substrate == PARAMETRIC:
         require_weights(params, f"{PARAMETRIC} cell", "loads the injected adapters into the model's weights")
-    if args.all_methods:
-        run_all_methods(params, args)
+    if options.all_methods:
+        run_all_methods(params, options)
         return 0
-    run_methods(params, args, Path(args.out_root), args.method or [BASELINE_METHOD])
+    run_methods(params, options, options.method or (BASELINE_METHOD,))
     return 0
 
 
-def run_methods(params: Params, args: argparse.Namespace, out_root: Path, methods: Sequence[str]) -> None:
+def run_methods(params: Params, options: Options, methods: Sequence[str]) -> None:
     """The cells of `methods` on one substrate and seed, one after the other in this process."""
     for method in methods:
-        specs = [CellSpec(args.substrate, method, args.seed, recipe)
-                 for recipe in cell_recipes(params, args.substrate, args.recipe)]
-        reason = unreachable_reason(args.substrate, method)
+        specs = [CellSpec(options.substrate, method, options.seed, recipe)
+                 for recipe in cell_recipes(params, options.substrate, options.recipe)]
+        reason = unreachable_reason(options.substrate, method)
         if reason is not None:
-            if not args.skip_unreachable:
+            if not options.skip_unreachable:
                 raise ValueError(reason)
-            write_skipped(out_root, specs[0], reason)
+            write_skipped(options.out_root, specs[0], reason)
             print(f"skipped: {reason}")
             continue
         for spec in specs:
             out = run_cell_stage(
-                params, spec, corpus_dir=Path(args.corpus), index_dir=Path(args.index),
-                adapter_path=Path(args.adapter) if args.adapter else None,
-                out_root=out_root, track=not args.no_track, progress=not args.no_progress,
+                params, spec, corpus_dir=options.corpus, index_dir=options.index, adapter_path=options.adapter,
+                out_root=options.out_root, track=options.track, progress=options.progress,
             )
             print(f"cell {spec.cell_id}: {out}")
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_cell, "run one cell (substrate x recipe x method x seed) and score it",
-                    corpus=CORPUS_DIR)
-    p.add_argument("--substrate", default=None, help="a registered substrate (P, C, R-text, R-struct)")
-    p.add_argument("--method", action="append", default=None,
-                   help=f"unlearning method (default: {BASELINE_METHOD}); repeat it to run several, one after the other")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--recipe", default=None, choices=RECIPES,
-        help=f"off {PARAMETRIC}: {ADAPTER_FREE} (default) or {CONTROL} (the control); {PARAMETRIC}: "
-        f"{' or '.join(P_RECIPES)} (default: every one in p_recipes)",
-    )
-    p.add_argument(
-        "--all-methods", action="store_true",
-        help="run every method of the design (`methods`) on the substrate, execution.cell_workers cells "
-        "side by side; a method that cannot act on it leaves a skip marker (the DVC stages use this)",
-    )
-    p.add_argument(
-        "--skip-unreachable", action="store_true",
-        help="a method that cannot act on the substrate writes a skip marker instead of failing",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    # Read one cell per line on stdin ("<substrate> <seed> <method>") and run each: the children of
-    # --all-methods and --controls; internal, so hidden from --help.
-    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--controls", action="store_true",
-                   help="the LoRA-D control on every adapter-free substrate and seed, execution.cell_workers side by "
-                   "side (the DVC stage `controls` uses this)")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder for P or the LoRA-D control")
-    p.add_argument("--index", default=str(INDEX_DIR))
-    p.add_argument("--out-root", default=str(CELLS_DIR))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from dataclasses import dataclass
@@ -10,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from kbench import io, tracking
-from kbench.cli.app import add_command
 from kbench.comparison.analysis import Comparison, compare
 from kbench.comparison.collect import collect_cells
 from kbench.comparison.plots import write_plots
@@ -24,12 +22,14 @@ from kbench.comparison.report import (
     render_results,
 )
 from kbench.config import Params
-from kbench.design import Design, load_design
+from kbench.design import Design
 from kbench.names import PROBES_SUMMARY_FILE
+from kbench.stages import option
 
 log = logging.getLogger(__name__)
 
 COMMAND = "compare"
+HELP = "leaderboards, verdicts, leak patterns and the HTML report from the cell runs in MLflow"
 REPORTS_DIR = Path("reports")
 #: Stage outputs that `sync_outputs` re-logs before comparing (cells cached by DVC, a fresh clone).
 CELL_OUTPUT_ROOT = Path("artifacts")
@@ -140,11 +140,20 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
                          not_in_design=len(selection.others))
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    params = load_design(args.params)
-    if args.experiment:
-        params = params.model_copy(update={"tracking": params.tracking.model_copy(update={"experiment": args.experiment})})
-    result = run_compare_stage(params, Path(args.out))
+@dataclass(frozen=True)
+class Options:
+    """`kbench compare`'s options."""
+
+    #: Where the reports are written.
+    out: Path = option(REPORTS_DIR, "output folder")
+    #: The MLflow experiment read instead of `tracking.experiment`.
+    experiment: str | None = option(None, "MLflow experiment to read (default: tracking.experiment in params)")
+
+
+def main(params: Params, options: Options) -> int:
+    if options.experiment:
+        params = params.model_copy(update={"tracking": params.tracking.model_copy(update={"experiment": options.experiment})})
+    result = run_compare_stage(params, options.out)
     comparison = result.comparison
     print(
         f"{result.out_dir / HTML_FILE}: {len(comparison.rows)} rows from {result.cell_runs} cell runs, "
@@ -152,13 +161,3 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"left out; MLflow run {result.run_id}"
     )
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_compare, "leaderboards, verdicts, leak patterns and the HTML report from "
-                    "the cell runs in MLflow", track=False)
-    p.add_argument("--out", default=str(REPORTS_DIR), help="output folder (default: %(default)s)")
-    p.add_argument("--experiment", help="MLflow experiment to read (default: tracking.experiment in params)")
-    # SUPPRESS: without the option here, `kbench --params FILE compare` keeps its global value.
-    p.add_argument("--params", default=argparse.SUPPRESS,
-                   help="params file of the design to report (default: the global --params, params.yaml)")

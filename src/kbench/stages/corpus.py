@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import tracking
-from kbench.cli.app import add_command
 from kbench.config import GENERATED, Params
 from kbench.corpus import Corpus, build_corpus
-from kbench.design import load_design
 from kbench.records import SPLITS
+from kbench.stages import option
 
 log = logging.getLogger(__name__)
 
 COMMAND = "corpus"
+HELP = "build (or import) the corpus: entities, pools, queries"
 CORPUS_DIR = Path("artifacts/corpus")
 #: The folder of corpora, a DVC dependency of this stage (dvc.yaml): DVC sees edits only here.
 DATA_DIR = Path("data")
@@ -50,11 +50,16 @@ def run_corpus_stage(params: Params, out: Path = CORPUS_DIR, *, track: bool = Tr
     return corpus
 
 
-def cmd_corpus(args: argparse.Namespace) -> int:
-    run_corpus_stage(load_design(args.params), Path(args.out), track=not args.no_track)
+@dataclass(frozen=True)
+class Options:
+    """`kbench corpus`'s options."""
+
+    #: Where the corpus is written.
+    out: Path = option(CORPUS_DIR, "output folder")
+    #: Record the corpus as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
+
+
+def main(params: Params, options: Options) -> int:
+    run_corpus_stage(params, options.out, track=options.track)
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_corpus, "build (or import) the corpus: entities, pools, queries")
-    p.add_argument("--out", default=str(CORPUS_DIR), help="output folder (default: %(default)s)")

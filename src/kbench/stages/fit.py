@@ -8,19 +8,17 @@ load it (`kbench.methods.fitting.load_fitted`) and refuse one fitted for another
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import io, tracking
 from kbench.backends.hf import load_model
-from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.design import load_design
 from kbench.names import HF_BACKEND
 from kbench.methods import MethodContext, MethodError, build_method
 from kbench.agent.prompts import react_conversation
@@ -36,11 +34,13 @@ from kbench.methods.fitting import (
     save_fitted,
 )
 from kbench.parametric import agent_model_config, model_fingerprint
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
 
 log = logging.getLogger(__name__)
 
 COMMAND = "fit"
+HELP = "fit the methods that learn from the adapter pools (method_params.*)"
 #: The held-out probe accuracy of forget-vs-retain at every layer (beside the method folders).
 LAYER_SCAN_FILE = "layer_scan.json"
 
@@ -115,14 +115,18 @@ def run_fit_stage(params: Params, corpus: Corpus, *, track: bool = True) -> dict
     return results
 
 
-def cmd_fit(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Options:
+    """`kbench fit`'s options."""
+
+    #: The corpus whose adapter pools the methods learn from.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: Record each fitted method as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
+
+
+def main(params: Params, options: Options) -> int:
     """Fit every method of the design that learns something (directions, erasers, probes, gates)."""
-    params = load_design(args.params)
-    results = run_fit_stage(params, load_corpus(args.corpus), track=not args.no_track)
+    results = run_fit_stage(params, load_corpus(options.corpus), track=options.track)
     print(json.dumps(results, indent=2, sort_keys=True, default=str))
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    add_command(sub, COMMAND, cmd_fit, "fit the methods that learn from the adapter pools (method_params.*)",
-                corpus=CORPUS_DIR)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-from kbench.cli.app import add_command
+from kbench.config import Params
 from kbench.corpus import load_corpus
-from kbench.design import load_design
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
 from kbench.substrates import build_index, index_entities
 
 log = logging.getLogger(__name__)
 
 COMMAND = "index"
+HELP = "build the R-text FAISS index over the corpus passages"
 INDEX_DIR = Path("artifacts/index")
 
 
@@ -26,13 +27,17 @@ def run_index_stage(corpus_dir: Path, out: Path = INDEX_DIR) -> Path:
     return out
 
 
-def cmd_index(args: argparse.Namespace) -> int:
-    load_design(args.params)
-    run_index_stage(Path(args.corpus), Path(args.out))
+@dataclass(frozen=True)
+class Options:
+    """`kbench index`'s options."""
+
+    #: The corpus whose passages are embedded.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: Where the index is written.
+    out: Path = option(INDEX_DIR, "output folder")
+
+
+def main(params: Params, options: Options) -> int:
+    """Build the index (the design is loaded, and so checked, before anything runs)."""
+    run_index_stage(options.corpus, options.out)
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_index, "build the R-text FAISS index over the corpus passages",
-                    corpus=CORPUS_DIR, track=False)
-    p.add_argument("--out", default=str(INDEX_DIR), help="output folder (default: %(default)s)")

@@ -6,17 +6,15 @@ Each folder is written atomically (built beside its final name, then renamed), c
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import io, tracking
-from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.design import load_design, require_weights
+from kbench.design import require_weights
 from kbench.parametric.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_DIRS,
@@ -35,17 +33,17 @@ from kbench.parametric.adapters import (
 from kbench.parametric.agent_base import agent_model_config
 from kbench.parametric.injection import train_injection, training_entities
 from kbench.parametric.recall import probe_groups, recall_metrics
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.workers import run_queue, serve_queue
+from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
 
 COMMAND = "inject"
+HELP = "train the P adapters: LoRA-T+D, merged, LoRA-D, gold (injection.*)"
 
 #: The trainings of the stage, in the order one process runs them.
 ROLES = (TARGET, DISTRACTOR, GOLD)
-#: Each training's role by its folder name, the name a queue child is handed.
-ROLE_OF = {ADAPTER_DIRS[role]: role for role in ROLES}
 
 
 def _record(
@@ -111,30 +109,49 @@ def _folders(role: str) -> list[str]:
     return [ADAPTER_DIRS[role], MERGED_DIR] if role == TARGET else [ADAPTER_DIRS[role]]
 
 
-def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: bool = True, workers: int = 1,
-                     child_command: list[str] | None = None) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Training:
+    """One adapter training of the stage, as a pool worker is handed it."""
+
+    #: The design.
+    params: Params
+    #: The corpus the adapter learns from.
+    corpus: Corpus
+    #: The agent base the adapter is trained on.
+    base_dir: Path
+    #: Which adapter (`ROLES`).
+    role: str
+
+
+def train(job: Training) -> None:
+    """A pool worker's task: one adapter, untracked (the stage's process logs it)."""
+    inject_one(job.params, job.corpus, job.base_dir, job.role, track=False)
+
+
+def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: bool = True,
+                     workers: int = 1) -> dict[str, dict]:
     """Train LoRA-T+D, merge it, train LoRA-D and gold; write, check and record each folder.
 
-    With `workers` > 1 and `child_command` (a `kbench inject --queue` command) the three
-    trainings go through that many children from a work queue, the one with the most entities
-    first (`kbench.workers.run_queue`); this process logs each folder to MLflow. The
-    adapters do not depend on the thread count (tests/test_injection.py)."""
+    With `workers` > 1 the three trainings go through a pool of that many processes, the one
+    with the most entities first (`kbench.workers.run_pool`); this process logs each folder to
+    MLflow. The adapters do not depend on the thread count (tests/test_injection.py)."""
     Path(params.injection.out_dir).mkdir(parents=True, exist_ok=True)
-    if workers <= 1 or child_command is None:
+    if workers <= 1:
         results: dict[str, dict] = {}
         for role in ROLES:
             results.update(inject_one(params, corpus, base_dir, role, track=track))
         return results
     sizes = {role: len(entities) for role, entities in training_entities(corpus, params).items()}
 
-    def logged(item: str, seconds: float) -> None:
-        log.info("inject %s finished in %.0f s", item, seconds)
+    def logged(job: Training, _: None, seconds: float) -> None:
+        log.info("inject %s finished in %.0f s", ADAPTER_DIRS[job.role], seconds)
         if track:
-            for name in _folders(ROLE_OF[item]):
+            for name in _folders(job.role):
                 tracking.log_output(params, Path(params.injection.out_dir) / name)
 
     order = sorted(ROLES, key=lambda role: -sizes[role])  # stable: ties keep ROLES' order
-    failed = run_queue(child_command, [ADAPTER_DIRS[role] for role in order], workers, logged)
+    failed = run_pool(train, [Training(params, corpus, base_dir, role) for role in order], workers, logged,
+                      label=lambda job: ADAPTER_DIRS[job.role])
     if failed:
         raise InjectionError(f"injection trainings failed: {', '.join(failed)} (their messages are above)")
     return {
@@ -143,39 +160,24 @@ def run_inject_stage(params: Params, corpus: Corpus, base_dir: Path, *, track: b
     }
 
 
-def serve_inject_queue(params: Params, corpus: Corpus, base_dir: Path) -> None:
-    """The `kbench inject --queue` child: train each adapter named on stdin ("lora_td",
-    "lora_d", "gold"), in turn in this process (untracked: the parent logs)."""
-    serve_queue(lambda name: inject_one(params, corpus, base_dir, ROLE_OF[name], track=False), widen=True)
+@dataclass(frozen=True)
+class Options:
+    """`kbench inject`'s options."""
+
+    #: The corpus the adapters learn from.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: Trainings side by side; None: `execution.inject_workers`.
+    workers: int | None = option(None, "trainings side by side, in a process pool (default: execution.inject_workers)")
+    #: Record each folder as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
 
 
-def _child_command(args: argparse.Namespace) -> list[str]:
-    """The `kbench inject --queue` child of a stage with inject_workers > 1."""
-    return [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "inject", "--queue",
-            "--corpus", args.corpus, "--no-track"]
-
-
-def cmd_inject(args: argparse.Namespace) -> int:
+def main(params: Params, options: Options) -> int:
     """Train LoRA-T+D, merge it, train LoRA-D and the retain-only gold (injection.*)."""
-    params = load_design(args.params)
     require_weights(params, COMMAND, "trains LoRA adapters on the model's weights")
-    base_dir = Path(agent_model_config(params).path)
-    if args.queue:  # a child of the stage: one adapter name per stdin line
-        serve_inject_queue(params, load_corpus(args.corpus), base_dir)
-        return 0
     results = run_inject_stage(
-        params, load_corpus(args.corpus), base_dir, track=not args.no_track,
-        workers=params.execution.inject_workers if args.workers is None else args.workers,
-        child_command=_child_command(args),
+        params, load_corpus(options.corpus), Path(agent_model_config(params).path), track=options.track,
+        workers=params.execution.inject_workers if options.workers is None else options.workers,
     )
     print(json.dumps(results, indent=2, sort_keys=True))
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_inject, "train the P adapters: LoRA-T+D, merged, LoRA-D, gold (injection.*)",
-                    corpus=CORPUS_DIR)
-    p.add_argument("--workers", type=int, default=None,
-                   help="trainings side by side, from a work queue (default: execution.inject_workers)")
-    # Read one adapter name per line on stdin and train it: the stage's children; hidden from --help.
-    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)

@@ -13,25 +13,22 @@ every model against the gold reference of its recipe. A rerun keeps finished mod
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from kbench import io, tracking
 from kbench.agent import deployed_model
-from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.design import load_design, require_weights
-from kbench.methods import method_class, method_config
+from kbench.design import require_weights
+from kbench.methods import method_class
 from kbench.names import (
     ADAPTER_FREE,
     BASELINE_METHOD,
@@ -51,12 +48,15 @@ from kbench.probes.items import ProbeItems, probe_items
 from kbench.probes.run import ProbeRunner, run_probes
 from kbench.probes.summary import clean_verdicts, scores
 from kbench.stages.cell import CellSpec, Deployment, deployment
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.workers import run_queue, serve_queue
+from kbench.stages.inputs import shaping
+from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
 
 COMMAND = "probes"
+HELP = "run the direct-elicitation probes on every model of the design"
 RAW_FILE, SCORES_FILE, INPUTS_FILE = "raw.json", "scores.json", "inputs.json"
 
 
@@ -95,20 +95,16 @@ def probed_models(params: Params) -> list[ProbedModel]:
 
 def _inputs(params: Params, model: ProbedModel, corpus: Corpus, deployed: Deployment) -> dict[str, Any]:
     """Everything that shapes a model's raw rows (the clean thresholds only read them)."""
-    shaping = {
+    inputs = {
         "model": model.key,
         "corpus": corpus.fingerprint(),
         "base": model_fingerprint(deployed.model),
-        "probes": params.probes.model_dump(mode="json", exclude={"out_dir", "clean"}),
-        "queries": params.queries.model_dump(mode="json"),
-        "seeds": list(params.seeds),
-        "adapter": tracking.output_hash(deployed.adapter_path) if deployed.adapter_path else None,
-        "unlearned": tracking.output_hash(deployed.unlearned.path) if deployed.unlearned else None,
+        **shaping(params, "probes", method=model.spec.method),  # the stage's declared inputs
+        "adapter": io.folder_hash(deployed.adapter_path) if deployed.adapter_path else None,
+        "unlearned": io.folder_hash(deployed.unlearned.path) if deployed.unlearned else None,
         "fitted": deployed.fitted_digest,
-        "method_params": method_config(model.spec.method, params).model_dump(mode="json"),
     }
-    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
-    return {"digest": digest[:20], **shaping}
+    return {"digest": io.json_digest(inputs), **inputs}
 
 
 def _finished(folder: Path, digest: str) -> bool:
@@ -177,12 +173,31 @@ def summarize(params: Params, models: list[ProbedModel], out_root: Path) -> dict
     return summary
 
 
-def run_probes_stage(params: Params, corpus: Corpus, *, track: bool = True, only: list[str] | None = None,
-                     child_command: list[str] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProbeJob:
+    """One model to probe, as a pool worker is handed it."""
+
+    #: The design.
+    params: Params
+    #: The corpus the probe items come from.
+    corpus: Corpus
+    #: The model.
+    model: ProbedModel
+    #: The probe items (the same for every model).
+    items: ProbeItems
+
+
+def probe(job: ProbeJob) -> None:
+    """A pool worker's task: probe one model, untracked (the stage's process logs it)."""
+    probe_model(job.params, job.corpus, job.model, job.items, Path(job.params.probes.out_dir), track=False)
+
+
+def run_probes_stage(params: Params, corpus: Corpus, *, track: bool = True, only: Sequence[str] = (),
+                     workers: int = 1) -> dict[str, Any]:
     """Probe every model of the design (or `only` those keys), keeping finished ones, then
-    write summary.json. With `child_command` (a `kbench probes --queue` command) and
-    `execution.probe_workers` > 1, the models run through that many child processes, a work
-    queue (`kbench.workers.run_queue`); this process logs each to MLflow."""
+    write summary.json. With `workers` > 1 the models go through a pool of that many processes
+    (`kbench.workers.run_pool`); this process logs each to MLflow. Alone or pooled, a model is
+    probed on one thread, so its scores are the same bytes."""
     out_root = Path(params.probes.out_dir)
     out_root.mkdir(parents=True, exist_ok=True)
     models = probed_models(params)
@@ -198,20 +213,20 @@ def run_probes_stage(params: Params, corpus: Corpus, *, track: bool = True, only
         if model.not_applicable is not None:
             log.info("probes %s: not applicable (%s)", model.key, model.not_applicable)
     todo = [m for m in models if m.not_applicable is None]
-    workers = params.execution.probe_workers
-    if child_command is not None and workers > 1 and len(todo) > 1:
-        def logged(key: str, seconds: float) -> None:
-            log.info("probes %s finished in %.0f s", key, seconds)
+    if workers > 1 and len(todo) > 1:
+        def logged(job: ProbeJob, _: None, seconds: float) -> None:
+            log.info("probes %s finished in %.0f s", job.model.key, seconds)
             if track:
-                tracking.log_output(params, out_root / key)
+                tracking.log_output(params, out_root / job.model.key)
 
-        failed = run_queue(child_command, [m.key for m in todo], workers, logged)
+        failed = run_pool(probe, [ProbeJob(params, corpus, model, items) for model in todo], workers, logged,
+                          label=lambda job: job.model.key, threads=1)
         if failed:
             raise ProbesError(f"probes failed: {', '.join(failed)} (their messages are above; finished models are "
                               "kept and a rerun resumes)")
     else:
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as a child of the queue runs: the same bytes whatever probe_workers is
+        torch.set_num_threads(1)  # as a pool worker runs: the same bytes whatever probe_workers is
         try:
             for i, model in enumerate(todo, start=1):
                 log.info("probes [%d/%d] %s", i, len(todo), model.key)
@@ -227,37 +242,25 @@ class ProbesError(ValueError):
     """A probed model failed (its own message says why)."""
 
 
-def _child_command(args: argparse.Namespace) -> list[str]:
-    """The `kbench probes --queue` child: it probes the model keys it is handed on its stdin,
-    one after the other in one process (the imports are paid once); untracked: the parent logs."""
-    return [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "probes", "--queue",
-            "--corpus", args.corpus, "--no-track"]
+@dataclass(frozen=True)
+class Options:
+    """`kbench probes`'s options."""
+
+    #: The corpus the probe items come from.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: Only these model keys; empty: every model of the design.
+    model: tuple[str, ...] = option((), "probe only this model key (repeatable; summary.json lists them)")
+    #: Record each model as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
 
 
-def cmd_probes(args: argparse.Namespace) -> int:
+def main(params: Params, options: Options) -> int:
     """Probe every model of the design; print each one's clean verdicts."""
-    params = load_design(args.params)
     require_weights(params, COMMAND, "reads token probabilities and loads adapters into the model's weights")
-    corpus = load_corpus(args.corpus)
-    if args.queue:  # a child: one model key per stdin line
-        torch.set_num_threads(1)
-        models = {m.key: m for m in probed_models(params)}
-        items = probe_items(corpus, params)
-        serve_queue(lambda key: probe_model(params, corpus, models[key], items, Path(params.probes.out_dir), track=False))
-        return 0
-    summary = run_probes_stage(params, corpus, track=not args.no_track, only=args.model,
-                               child_command=_child_command(args))
+    summary = run_probes_stage(params, load_corpus(options.corpus), track=options.track, only=options.model,
+                               workers=params.execution.probe_workers)
     for key, entry in summary.items():
         verdicts = entry.get("clean") or {}
         shown = ", ".join(f"{p} {'clean' if v else 'flags' if v is not None else '-'}" for p, v in verdicts.items())
         print(f"{key}: {entry.get('not_applicable') or shown}")
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_probes, "run the direct-elicitation probes on every model of the design",
-                    corpus=CORPUS_DIR)
-    p.add_argument("--model", action="append", default=None,
-                   help="probe only this model key (repeatable; summary.json lists them)")
-    # Read one model key per line on stdin and probe each: the stage's children; hidden from --help.
-    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)

@@ -13,12 +13,10 @@ made from the same inputs, so an interrupted stage resumes.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import logging
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +24,9 @@ import torch
 
 from kbench import io, tracking
 from kbench.backends.hf import load_model
-from kbench.cli.app import add_command
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.design import load_design
-from kbench.methods import MethodContext, MethodError, build_method, method_class, method_config
+from kbench.methods import MethodContext, MethodError, build_method, method_class
 from kbench.methods.unlearning import (
     CONTINUED,
     STACKED,
@@ -62,12 +58,15 @@ from kbench.parametric.unlearning import (
     unlearned_dir,
 )
 from kbench.records import FORGET
+from kbench.stages import option
 from kbench.stages.corpus import CORPUS_DIR
-from kbench.workers import run_queue, serve_queue
+from kbench.stages.inputs import shaping
+from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
 
 COMMAND = "unlearn"
+HELP = "train the weight methods on the P target (unlearning.*)"
 
 
 def weight_methods(params: Params) -> list[str]:
@@ -112,16 +111,11 @@ def unlearning_sets(tokenizer: Any, corpus: Corpus, params: Params) -> dict[str,
 def _inputs_digest(params: Params, name: str, recipe: str, source_hash: str, corpus_fingerprint: str) -> str:
     """Everything that shapes one run's weights: a folder made from other inputs is retrained."""
     budget, _ = method_budget(name, params)
-    shaping = {
+    return io.json_digest({
         "method": name, "recipe": recipe, "source": source_hash, "corpus": corpus_fingerprint,
-        "config": method_config(name, params).model_dump(mode="json"),
         "budget": budget.model_dump(mode="json", exclude={"out_dir"}),  # where it is written shapes nothing
-        "mix": params.injection.mix, "max_length": params.injection.lora.max_length,
-        "entities": params.injection.entities, "seeds": params.seeds, "queries": params.queries.model_dump(mode="json"),
-        "model": params.model.model_dump(mode="json"), "agent_base": params.agent_base.model_dump(mode="json"),
-        "max_iters": params.agent.max_iters,
-    }
-    return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        **shaping(params, "unlearn", method=name),  # the stage's declared inputs
+    })
 
 
 def _trainable_model(params: Params, base_dir: Path, kind: str) -> tuple[Any, Any]:
@@ -224,16 +218,42 @@ def _checked_target(params: Params) -> tuple[Path, Injected, str]:
         raise MethodError(f"weight methods ({', '.join(weight_methods(params))}) train model weights; the "
                           f"{model_config.backend} backend has none (use model.backend: hf)")
     base_dir = Path(model_config.path)
-    return base_dir, check_injected(target_adapter(params), base_dir, role=TARGET), tracking.output_hash(target_adapter(params))
+    return base_dir, check_injected(target_adapter(params), base_dir, role=TARGET), io.folder_hash(target_adapter(params))
+
+
+@dataclass(frozen=True)
+class UnlearnRun:
+    """One weight method's training on one recipe, as a pool worker is handed it."""
+
+    #: The design.
+    params: Params
+    #: The corpus the forget and retain sets come from.
+    corpus: Corpus
+    #: The method, under the name its weights are kept.
+    name: str
+    #: The P recipe.
+    recipe: str
+    #: The run's inputs digest (`_inputs_digest`).
+    digest: str
+
+
+#: A pool worker's reference passes, shared by the runs it trains (runs from the same starting
+#: weights and budget see the same batches).
+_WORKER_CACHES: dict[tuple, dict] = {}
+
+
+def train(job: UnlearnRun) -> None:
+    """A pool worker's task: one run, untracked (the stage's process logs it)."""
+    base_dir, target, source_hash = _checked_target(job.params)
+    train_one(job.params, job.corpus, base_dir, job.name, job.recipe, target=target, source_hash=source_hash,
+              digest=job.digest, track=False, caches=_WORKER_CACHES)
 
 
 def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
-                      runs: list[tuple[str, str]] | None = None, workers: int = 1,
-                      child_command: list[str] | None = None) -> dict[str, dict]:
+                      runs: list[tuple[str, str]] | None = None, workers: int = 1) -> dict[str, dict]:
     """Train every weight method of the design on every P recipe, or only `runs` ((method,
-    recipe) pairs), resuming finished ones. With `workers` > 1 and `child_command` (a `kbench
-    unlearn --queue` command) the runs go through that many children from a work queue
-    (`kbench.workers.run_queue`); this process logs each to MLflow."""
+    recipe) pairs), resuming finished ones. With `workers` > 1 the runs go through a pool of
+    that many processes (`kbench.workers.run_pool`); this process logs each to MLflow."""
     names = weight_methods(params)
     grid = [(name, recipe) for recipe in params.p_recipes for name in names]
     if runs is not None:
@@ -261,14 +281,15 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
                 tracking.log_output(params, folder)
         else:
             todo.append((name, recipe, digest))
-    if workers > 1 and len(todo) > 1 and child_command is not None:
-        def logged(item: str, seconds: float) -> None:
-            log.info("unlearn %s finished in %.0f s", item, seconds)
+    if workers > 1 and len(todo) > 1:
+        def logged(job: UnlearnRun, _: None, seconds: float) -> None:
+            log.info("unlearn %s/%s finished in %.0f s", job.name, job.recipe, seconds)
             if track:
-                tracking.log_output(params, unlearned_dir(params.unlearning.out_dir, *item.split("/")))
+                tracking.log_output(params, unlearned_dir(params.unlearning.out_dir, job.name, job.recipe))
 
-        # Each child trains the runs it is handed one after the other, sharing reference passes.
-        failed = run_queue(child_command, [f"{name}/{recipe}" for name, recipe, _ in todo], workers, logged)
+        # Each worker trains the runs it is handed one after the other, sharing reference passes.
+        failed = run_pool(train, [UnlearnRun(params, corpus, name, recipe, digest) for name, recipe, digest in todo],
+                          workers, logged, label=lambda job: f"{job.name}/{job.recipe}")
         if failed:
             raise UnlearningError(f"unlearning runs failed: {', '.join(failed)} (their messages are above; "
                                   "finished runs are kept and a rerun resumes)")
@@ -284,57 +305,35 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
     }
 
 
-def serve_unlearn_queue(params: Params, corpus: Corpus) -> None:
-    """The `kbench unlearn --queue` child: train each "method/recipe" read on stdin, in turn in
-    this process (untracked: the parent logs), sharing reference passes between its runs."""
-    base_dir, target, source_hash = _checked_target(params)
-    corpus_fingerprint = corpus.fingerprint()
-    caches: dict[tuple, dict] = {}
+@dataclass(frozen=True)
+class Options:
+    """`kbench unlearn`'s options."""
 
-    def train(item: str) -> None:
-        name, _, recipe = item.partition("/")
-        train_one(params, corpus, base_dir, name, recipe, target=target, source_hash=source_hash,
-                  digest=_inputs_digest(params, name, recipe, source_hash, corpus_fingerprint), track=False,
-                  caches=caches)
-
-    serve_queue(train, widen=True)  # adapters do not depend on the thread count
-
-
-def _child_command(args: argparse.Namespace) -> list[str]:
-    """The `kbench unlearn --queue` child of a stage with unlearn_workers > 1."""
-    return [sys.executable, "-m", "kbench.cli.main", "--params", args.params, "unlearn", "--queue",
-            "--corpus", args.corpus, "--no-track"]
+    #: The corpus the forget and retain sets come from.
+    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    #: One weight method only; None: every one in `methods`.
+    method: str | None = option(None, "train this weight method only (default: every one in `methods`)")
+    #: One P recipe only; None: every one in `p_recipes`.
+    recipe: str | None = option(None, "this P recipe only (default: every one in p_recipes)", choices=P_RECIPES)
+    #: Only these "METHOD/RECIPE" runs.
+    run: tuple[str, ...] = option((), "train this run only (repeatable)", metavar="METHOD/RECIPE")
+    #: Runs side by side; None: `execution.unlearn_workers`.
+    workers: int | None = option(None, "runs side by side, in a process pool (default: execution.unlearn_workers)")
+    #: Record each run as an MLflow run.
+    track: bool = option(True, "do not log an MLflow run")
 
 
-def cmd_unlearn(args: argparse.Namespace) -> int:
+def main(params: Params, options: Options) -> int:
     """Train every weight method of the design on the P target (unlearning.*, method_params.*)."""
-    params = load_design(args.params)
-    if args.queue:  # a child of the stage: one "method/recipe" per stdin line
-        serve_unlearn_queue(params, load_corpus(args.corpus))
-        return 0
     runs = None
-    if args.run:
-        runs = [tuple(run.partition("/")[::2]) for run in args.run]
-    elif args.method or args.recipe:
-        runs = [(name, recipe) for recipe in ([args.recipe] if args.recipe else params.p_recipes)
-                for name in ([args.method] if args.method else weight_methods(params))]
+    if options.run:
+        runs = [tuple(run.partition("/")[::2]) for run in options.run]
+    elif options.method or options.recipe:
+        runs = [(name, recipe) for recipe in ([options.recipe] if options.recipe else params.p_recipes)
+                for name in ([options.method] if options.method else weight_methods(params))]
     results = run_unlearn_stage(
-        params, load_corpus(args.corpus), track=not args.no_track, runs=runs,
-        workers=params.execution.unlearn_workers if args.workers is None else args.workers,
-        child_command=_child_command(args),
+        params, load_corpus(options.corpus), track=options.track, runs=runs,
+        workers=params.execution.unlearn_workers if options.workers is None else options.workers,
     )
     print(json.dumps(results, indent=2, sort_keys=True))
     return 0
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, COMMAND, cmd_unlearn, "train the weight methods on the P target (unlearning.*)",
-                    corpus=CORPUS_DIR)
-    p.add_argument("--method", default=None, help="train this weight method only (default: every one in `methods`)")
-    p.add_argument("--recipe", default=None, choices=P_RECIPES, help="this P recipe only (default: every one in p_recipes)")
-    p.add_argument("--run", action="append", default=[], metavar="METHOD/RECIPE",
-                   help="train this run only (repeatable)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="runs side by side, from a work queue (default: execution.unlearn_workers)")
-    # Read one METHOD/RECIPE per line on stdin and train each: the stage's children; hidden from --help.
-    p.add_argument("--queue", action="store_true", help=argparse.SUPPRESS)

@@ -1,0 +1,105 @@
+"""Every stage's params inputs, declared once (`STAGE_INPUTS`).
+
+Two layers decide what reruns, and both follow from this table: DVC reruns a stage when one of
+its `params` changes (dvc.yaml lists exactly them: tests/test_stage_inputs.py fails otherwise),
+and a stage that resumes item by item (cell, probes, unlearn) keeps a finished item only if
+its resume digest is unchanged, a digest of the item's `shaping` keys (`shaping`) plus the
+hashes of the artifacts it loads. A key that DVC watches but that does not shape a finished
+item (the item list, a path, values recomputed on every run) is named in `not_shaping`; so a
+change to it reruns the stage and keeps every finished item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kbench.config import Params
+from kbench.design import DESIGN_SECTIONS
+from kbench.methods import method_class, method_config
+
+#: The params key of the methods' own sections: an item of one method takes only its own.
+METHOD_PARAMS = "method_params"
+
+
+@dataclass(frozen=True)
+class StageInputs:
+    """The params inputs of one DVC stage."""
+
+    #: Params keys (sections or dotted keys) the stage reads: dvc.yaml's `params:` of the stage.
+    params: tuple[str, ...] = ()
+    #: Keys among (or under) `params` that shape no finished item: which items exist, where
+    #: outputs go, values recomputed on every run, or what an artifact hash already covers.
+    not_shaping: tuple[str, ...] = ()
+
+    def shaping_keys(self) -> tuple[str, ...]:
+        """The `params` keys an item's resume digest takes (sub-keys in `not_shaping` are cut later)."""
+        return tuple(key for key in self.params if key not in self.not_shaping)
+
+
+#: The cells' inputs: the sections of the design digest (a cell run's tag), the scoring (its
+#: metrics are recomputed on every run), the method list and each method's own section.
+_CELL = (*DESIGN_SECTIONS, "scoring", "methods", METHOD_PARAMS, "fit")
+#: Cell keys that shape no trajectory: the corpus and the fitted artifacts enter the digest by
+#: their content hashes, the scoring only rescored metrics, the method list only which cells run.
+_CELL_NOT_SHAPING = ("corpus", "scoring", "methods", "fit")
+
+STAGE_INPUTS: dict[str, StageInputs] = {
+    "corpus": StageInputs(("corpus",)),
+    "index": StageInputs(),
+    "agent_base": StageInputs(("corpus.reference_date", "model", "agent", "agent_base")),
+    "inject": StageInputs(("injection", "queries", "seeds", "model", "agent", "agent_base")),
+    "fit": StageInputs(("methods", METHOD_PARAMS, "fit", "queries.fields", "model", "agent", "agent_base")),
+    "unlearn": StageInputs(
+        ("methods", METHOD_PARAMS, "p_recipes", "unlearning", "injection", "queries", "seeds", "model", "agent",
+         "agent_base"),
+        not_shaping=("methods", "p_recipes", "unlearning.out_dir", "injection.out_dir", "injection.calibration",
+                     "injection.recall_batch_size"),
+    ),
+    "probes": StageInputs(
+        ("probes", "methods", METHOD_PARAMS, "p_recipes", "injection", "queries", "seeds", "model", "agent",
+         "agent_base", "fit.out_dir", "unlearning.out_dir"),
+        # the adapters, fitted and unlearned artifacts enter by their hashes; `clean` only reads scores
+        not_shaping=("probes.out_dir", "probes.clean", "methods", "p_recipes", "injection", "fit.out_dir",
+                     "unlearning.out_dir"),
+    ),
+    "cell": StageInputs(_CELL, not_shaping=_CELL_NOT_SHAPING),
+    "cell_p": StageInputs((*_CELL, "p_recipes", "unlearning"),
+                          not_shaping=(*_CELL_NOT_SHAPING, "p_recipes", "unlearning")),
+    "controls": StageInputs((*DESIGN_SECTIONS, "scoring", "substrates", "seeds"),
+                            not_shaping=("corpus", "scoring", "substrates", "seeds")),
+    "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
+                            "report")),
+}
+
+
+def _lookup(data: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def _cut(value: Any, key: str, cuts: tuple[str, ...]) -> Any:
+    """`value` (the params at `key`) without the sub-keys of `cuts` under it."""
+    for cut in cuts:
+        if cut.startswith(key + "."):
+            parent, _, leaf = cut[len(key) + 1:].rpartition(".")
+            holder = _lookup(value, parent) if parent else value
+            holder.pop(leaf, None)
+    return value
+
+
+def shaping(params: Params, stage: str, *, method: str | None = None) -> dict[str, Any]:
+    """The params values that shape one item of `stage`: its shaping keys, without the sub-keys
+    it names as not shaping, and of `method_params` only the item's own method's section (none
+    for a method without options)."""
+    inputs = STAGE_INPUTS[stage]
+    data = params.model_dump(mode="json")
+    values: dict[str, Any] = {}
+    for key in inputs.shaping_keys():
+        if key == METHOD_PARAMS:
+            if method is not None and method_class(method).Config.model_fields:
+                values[key] = method_config(method, params).model_dump(mode="json")
+            continue
+        values[key] = _cut(_lookup(data, key), key, inputs.not_shaping)
+    return values
