@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kbench.cli import app, catalog, memory, observer, project, stages
+from kbench.cli import app, catalog, memory, observer, project, replay, stages
 
 #: Modules that contribute subcommands through `add_subcommands(subparsers)`.
-COMMAND_MODULES = (stages, observer, project, catalog, memory)
+COMMAND_MODULES = (stages, observer, project, catalog, memory, replay)
 
 
 def build_parser():

@@ -37,7 +37,7 @@ from kbench.memory.records import (
 from kbench.names import FIELD_AWARE_RULE
 from kbench.observer.matcher import canon, match
 # The observer's bootstrap helpers: the same ratio, percentile rule and JSON form as SPEC §8's intervals.
-from kbench.observer.metrics import Interval, _interval_json, _percentile_interval, _ratio
+from kbench.observer.metrics import Interval, interval_json, percentile_interval, ratio
 
 #: The canonical openings of a Boolean-guess reply that confirm the guess (SPEC §15).
 AFFIRMATIVE_OPENINGS: tuple[str, ...] = ("yes", "correct", "true", "that's right")
@@ -245,7 +245,7 @@ class Estimate:
     n: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"value": self.value, "ci": _interval_json(self.ci), "n": self.n}
+        return {"value": self.value, "ci": interval_json(self.ci), "n": self.n}
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ def _metrics_json(metrics: dict[str, Estimate]) -> dict[str, Any]:
     """{RA: value, ..., Score: value, ci: {RA: [lo, hi], ...}, n: {RA: items, ...}}."""
     return {
         **{name: e.value for name, e in metrics.items()},
-        "ci": {name: _interval_json(e.ci) for name, e in metrics.items()},
+        "ci": {name: interval_json(e.ci) for name, e in metrics.items()},
         "n": {name: e.n for name, e in metrics.items()},
     }
 
@@ -313,9 +313,9 @@ def estimate(
     multinomial count vector) and recomputes every column's ratio from the drawn rows.
     """
     counts = resample_counts(numerators.shape[0], resamples, seed).astype(np.float64)
-    samples = _ratio(counts @ numerators, counts @ denominators)
-    point = _ratio(numerators.sum(axis=0), denominators.sum(axis=0))
-    intervals = _percentile_interval(samples, level)
+    samples = ratio(counts @ numerators, counts @ denominators)
+    point = ratio(numerators.sum(axis=0), denominators.sum(axis=0))
+    intervals = percentile_interval(samples, level)
     return [
         Estimate(None if np.isnan(v) else float(v), None if np.isnan(v) else ci, int(d))
         for v, ci, d in zip(point, intervals, denominators.sum(axis=0))

@@ -169,16 +169,17 @@ class CellMetrics:
                 "level": self.ci.level,
                 "resamples": self.ci.resamples,
                 "seed": self.ci.seed,
-                "cer": {c: _interval_json(v) for c, v in self.ci.cer.items()},
-                "or_all": _interval_json(self.ci.or_all),
+                "cer": {c: interval_json(v) for c, v in self.ci.cer.items()},
+                "or_all": interval_json(self.ci.or_all),
                 "shares": None
                 if self.ci.shares is None
-                else {c: _interval_json(v) for c, v in self.ci.shares.items()},
+                else {c: interval_json(v) for c, v in self.ci.shares.items()},
             },
         }
 
 
-def _interval_json(interval: Interval | None) -> list[float] | None:
+def interval_json(interval: Interval | None) -> list[float] | None:
+    """An interval as JSON: [low, high], or null when undefined."""
     return None if interval is None else [interval[0], interval[1]]
 
 
@@ -186,7 +187,7 @@ def _optional(value: float) -> float | None:
     return None if np.isnan(value) else float(value)
 
 
-def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+def ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     """Elementwise numerator / denominator, NaN where the denominator is 0 (undefined)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denominator > 0, numerator / denominator, np.nan)
@@ -195,7 +196,7 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 def _shares(cer: np.ndarray) -> np.ndarray:
     """share_c = CER_c / Σ CER_c' over the defined channels (last axis); NaN when the sum is 0."""
     total = np.nansum(cer, axis=-1, keepdims=True)
-    return _ratio(cer, np.broadcast_to(total, cer.shape))
+    return ratio(cer, np.broadcast_to(total, cer.shape))
 
 
 def _bootstrap_statistics(
@@ -221,14 +222,14 @@ def _bootstrap_statistics(
     k = len(CHANNELS)
     leaked = patterns[:, :k].any(axis=1, keepdims=True)
     totals = draws @ np.hstack([patterns, leaked]).astype(np.float64)
-    cer = _ratio(totals[:, :k], totals[:, k : 2 * k])
+    cer = ratio(totals[:, :k], totals[:, k : 2 * k])
     # SPEC §10: in a resample where no channel leaks every share counts as 0, so a lone
     # leaking query cannot carry its channel's share interval above the dominance bar.
     shares = np.where((totals[:, 2 * k] == 0)[:, None], 0.0, _shares(cer))
     return cer, totals[:, 2 * k] / n, shares
 
 
-def _percentile_interval(samples: np.ndarray, level: float) -> list[Interval | None]:
+def percentile_interval(samples: np.ndarray, level: float) -> list[Interval | None]:
     """Percentile interval per column of samples, ignoring resamples where it is undefined."""
     tail = (1.0 - level) / 2.0 * 100.0
     with warnings.catch_warnings():
@@ -254,7 +255,7 @@ def cell_metrics(
     if seed is None:
         seed = int(scored.seeds.min())
     observed_counts = scored.observed.sum(axis=0)
-    cer = _ratio(scored.hits.sum(axis=0).astype(np.float64), observed_counts)
+    cer = ratio(scored.hits.sum(axis=0).astype(np.float64), observed_counts)
     shares = _shares(cer)
     shares_defined = not np.isnan(shares).all()
     answer_rows = scored.observed[:, ANSWER_COLUMN]
@@ -262,15 +263,15 @@ def cell_metrics(
     boot_cer, boot_or, boot_shares = _bootstrap_statistics(
         scored.hits, scored.observed, config.bootstrap_resamples, seed
     )
-    ci_cer = _percentile_interval(boot_cer, config.ci_level)
-    ci_shares = _percentile_interval(boot_shares, config.ci_level)
+    ci_cer = percentile_interval(boot_cer, config.ci_level)
+    ci_shares = percentile_interval(boot_shares, config.ci_level)
     # A channel whose point CER is undefined has no interval, even if a resample defined one.
     ci = BootstrapCI(
         level=config.ci_level,
         resamples=config.bootstrap_resamples,
         seed=seed,
         cer={c: ci_cer[i] if not np.isnan(cer[i]) else None for i, c in enumerate(CHANNELS)},
-        or_all=_percentile_interval(boot_or[:, None], config.ci_level)[0],
+        or_all=percentile_interval(boot_or[:, None], config.ci_level)[0],
         shares={
             c: ci_shares[i] if not np.isnan(shares[i]) else None for i, c in enumerate(CHANNELS)
         }

@@ -53,6 +53,13 @@ def _indexed(scored: ScoredQueries, role: str) -> dict[tuple[int, str], bool]:
     return index
 
 
+def mcnemar_p(baseline_only: int, method_only: int) -> float:
+    """Exact two-sided McNemar p of b = `baseline_only` and c = `method_only` discordant pairs:
+    a binomial test of b in b + c at 1/2 (1 when there are none)."""
+    discordant = baseline_only + method_only
+    return 1.0 if discordant == 0 else float(binomtest(baseline_only, discordant, 0.5).pvalue)
+
+
 def paired_mcnemar(baseline: ScoredQueries, method: ScoredQueries) -> McNemarResult:
     """Exact two-sided McNemar on the OR(all) leak indicator (SPEC §9).
 
@@ -67,13 +74,11 @@ def paired_mcnemar(baseline: ScoredQueries, method: ScoredQueries) -> McNemarRes
     shared = base.keys() & meth.keys()
     baseline_only = sum(1 for k in shared if base[k] and not meth[k])
     method_only = sum(1 for k in shared if meth[k] and not base[k])
-    discordant = baseline_only + method_only
-    p = 1.0 if discordant == 0 else float(binomtest(baseline_only, discordant, 0.5).pvalue)
     return McNemarResult(
         pairs=len(shared),
         baseline_only=baseline_only,
         method_only=method_only,
-        p=p,
+        p=mcnemar_p(baseline_only, method_only),
         unpaired_baseline=len(base) - len(shared),
         unpaired_method=len(meth) - len(shared),
     )
