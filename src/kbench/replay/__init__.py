@@ -1,11 +1,20 @@
 """The execution-state lane (SPEC §14): forget requests inside a running agent session.
 
-This package holds the lane's session record (one JSON object per session × operator) and its
-scorer: exact, action and any leak, CAD against the full reset B5, Leak@probes, cost, B7's
+This package holds the plans of the project's session suite (`kbench-sessions`), the provenance graph of a session's runtime state (artifacts, taint
+closure, τ, sparse checkpoints), the lane's session record (one JSON object per session ×
+operator) and its scorer: exact, action and any leak, CAD against the full reset B5, Leak@probes, cost, B7's
 exactness and the tests against B5. Scoring is pure: functions of session records, no model,
 no I/O. Every name below is importable from `kbench.replay` directly.
 """
 
+from kbench.replay.provenance import (
+    Artifact,
+    Checkpoint,
+    ClosureComparison,
+    ProvenanceError,
+    ProvenanceGraph,
+    compare_closures,
+)
 from kbench.replay.records import (
     FULL_RESET,
     MEMORY_DELETE,
@@ -19,6 +28,14 @@ from kbench.replay.records import (
     ToolCall,
     read_sessions,
     write_sessions,
+)
+from kbench.replay.sessions import (
+    SESSION_KINDS,
+    PlannedTurn,
+    SessionPlan,
+    SessionPlanError,
+    plan_session,
+    plan_suite,
 )
 from kbench.replay.scoring import (
     METRICS,
@@ -37,6 +54,18 @@ from kbench.replay.scoring import (
 )
 
 __all__ = [
+    "SESSION_KINDS",
+    "PlannedTurn",
+    "SessionPlan",
+    "SessionPlanError",
+    "plan_session",
+    "plan_suite",
+    "Artifact",
+    "Checkpoint",
+    "ClosureComparison",
+    "ProvenanceError",
+    "ProvenanceGraph",
+    "compare_closures",
     "FULL_RESET",
     "MEMORY_DELETE",
     "METRICS",

@@ -17,3 +17,8 @@ def option(default: Any, help: str, *, choices: Any = None, metavar: str | None 
     """A field of a stage's `Options`: its default and its command-line help (`--field-name`;
     a bool defaulting to True is offered as `--no-field-name`, a tuple as a repeatable option)."""
     return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+
+
+def track_option() -> Any:
+    """The `--no-track` option of a stage that records its outputs as MLflow runs."""
+    return option(True, "do not log an MLflow run")

@@ -9,8 +9,8 @@ from kbench import io, tracking
 from kbench.config import Params
 from kbench.corpus import load_corpus
 from kbench.parametric.agent_base import train_agent_base
-from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages import track_option
+from kbench.stages.corpus import corpus_option
 
 COMMAND = "agent-base"
 HELP = "LoRA-tune the base model into a ReAct agent (agent_base.*)"
@@ -34,9 +34,9 @@ class Options:
     """`kbench agent-base`'s options."""
 
     #: The corpus the training transcripts are made from.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: Record the agent base as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 def main(params: Params, options: Options) -> int:

@@ -35,8 +35,8 @@ from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapt
 from kbench.methods.unlearning import CONTINUED, Unlearned
 from kbench.parametric.unlearning import check_unlearned, unlearned_dir
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
-from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages import option, track_option
+from kbench.stages.corpus import corpus_option
 from kbench.stages.index import INDEX_DIR
 from kbench.stages.inputs import shaping
 from kbench.substrates import substrate_class
@@ -333,13 +333,13 @@ class Options:
     #: The adapter loaded instead of the recipe's own.
     adapter: Path | None = option(None, "LoRA adapter folder for P or the LoRA-D control")
     #: The corpus the queries come from.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: R-text's index.
     index: Path = option(INDEX_DIR, "R-text index folder")
     #: Where the cell folders are written.
     out_root: Path = option(CELLS_DIR, "cells folder")
     #: Record each cell as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kbench import tracking
 from kbench.config import GENERATED, Params
 from kbench.corpus import Corpus, build_corpus
 from kbench.records import SPLITS
-from kbench.stages import option
+from kbench.stages import option, track_option
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,11 @@ HELP = "build (or import) the corpus: entities, pools, queries"
 CORPUS_DIR = Path("artifacts/corpus")
 #: The folder of corpora, a DVC dependency of this stage (dvc.yaml): DVC sees edits only here.
 DATA_DIR = Path("data")
+
+
+def corpus_option() -> Any:
+    """The `--corpus` option of a stage that reads the corpus."""
+    return option(CORPUS_DIR, "corpus folder")
 
 
 def watched_by_dvc(source: str) -> bool:
@@ -57,7 +63,7 @@ class Options:
     #: Where the corpus is written.
     out: Path = option(CORPUS_DIR, "output folder")
     #: Record the corpus as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 def main(params: Params, options: Options) -> int:

@@ -34,8 +34,8 @@ from kbench.methods.fitting import (
     save_fitted,
 )
 from kbench.parametric import agent_model_config, model_fingerprint
-from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages import track_option
+from kbench.stages.corpus import corpus_option
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,9 @@ class Options:
     """`kbench fit`'s options."""
 
     #: The corpus whose adapter pools the methods learn from.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: Record each fitted method as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 def main(params: Params, options: Options) -> int:

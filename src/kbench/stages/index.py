@@ -9,7 +9,7 @@ from pathlib import Path
 from kbench.config import Params
 from kbench.corpus import load_corpus
 from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages.corpus import corpus_option
 from kbench.substrates import build_index, index_entities
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class Options:
     """`kbench index`'s options."""
 
     #: The corpus whose passages are embedded.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: Where the index is written.
     out: Path = option(INDEX_DIR, "output folder")
 

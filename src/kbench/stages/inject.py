@@ -33,8 +33,8 @@ from kbench.parametric.adapters import (
 from kbench.parametric.agent_base import agent_model_config
 from kbench.parametric.injection import train_injection, training_entities
 from kbench.parametric.recall import probe_groups, recall_metrics
-from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages import option, track_option
+from kbench.stages.corpus import corpus_option
 from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
@@ -165,11 +165,11 @@ class Options:
     """`kbench inject`'s options."""
 
     #: The corpus the adapters learn from.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: Trainings side by side; None: `execution.inject_workers`.
     workers: int | None = option(None, "trainings side by side, in a process pool (default: execution.inject_workers)")
     #: Record each folder as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 def main(params: Params, options: Options) -> int:

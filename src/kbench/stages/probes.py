@@ -48,8 +48,8 @@ from kbench.probes.items import ProbeItems, probe_items
 from kbench.probes.run import ProbeRunner, run_probes
 from kbench.probes.summary import clean_verdicts, scores
 from kbench.stages.cell import CellSpec, Deployment, deployment
-from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages import option, track_option
+from kbench.stages.corpus import corpus_option
 from kbench.stages.inputs import shaping
 from kbench.workers import run_pool
 
@@ -247,11 +247,11 @@ class Options:
     """`kbench probes`'s options."""
 
     #: The corpus the probe items come from.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: Only these model keys; empty: every model of the design.
     model: tuple[str, ...] = option((), "probe only this model key (repeatable; summary.json lists them)")
     #: Record each model as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 def main(params: Params, options: Options) -> int:

@@ -58,8 +58,8 @@ from kbench.parametric.unlearning import (
     unlearned_dir,
 )
 from kbench.records import FORGET
-from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.stages import option, track_option
+from kbench.stages.corpus import corpus_option
 from kbench.stages.inputs import shaping
 from kbench.workers import run_pool
 
@@ -310,7 +310,7 @@ class Options:
     """`kbench unlearn`'s options."""
 
     #: The corpus the forget and retain sets come from.
-    corpus: Path = option(CORPUS_DIR, "corpus folder")
+    corpus: Path = corpus_option()
     #: One weight method only; None: every one in `methods`.
     method: str | None = option(None, "train this weight method only (default: every one in `methods`)")
     #: One P recipe only; None: every one in `p_recipes`.
@@ -320,7 +320,7 @@ class Options:
     #: Runs side by side; None: `execution.unlearn_workers`.
     workers: int | None = option(None, "runs side by side, in a process pool (default: execution.unlearn_workers)")
     #: Record each run as an MLflow run.
-    track: bool = option(True, "do not log an MLflow run")
+    track: bool = track_option()
 
 
 def main(params: Params, options: Options) -> int:
