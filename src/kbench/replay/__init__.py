@@ -7,6 +7,7 @@ exactness and the tests against B5. Scoring is pure: functions of session record
 no I/O. Every name below is importable from `kbench.replay` directly.
 """
 
+from kbench.replay.environment import SESSION_TOOLS, Delivery, SessionEnvironment
 from kbench.replay.provenance import (
     Artifact,
     Checkpoint,
@@ -55,6 +56,9 @@ from kbench.replay.scoring import (
 
 __all__ = [
     "SESSION_KINDS",
+    "SESSION_TOOLS",
+    "Delivery",
+    "SessionEnvironment",
     "PlannedTurn",
     "SessionPlan",
     "SessionPlanError",

@@ -1,0 +1,102 @@
+"""The world a `kbench-sessions` session acts on: the corpus's records (read-only), the agent's
+memory notes and an outbox (the consequential tool), with snapshots an operator can restore.
+
+Tool arguments come from the model: they are bounded in size, matched as data, never
+evaluated. The sanitized environment answers a lookup of z's field with the record's value
+without z (SPEC §14's sanitized stream); every other observation is the same text. During a
+replay (`shadow=True`) a consequential call is not delivered: it goes to the shadow outbox, and
+a call id already delivered is never delivered again, so replaying a session sends nothing twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kbench.agent.tools import normalize_field
+from kbench.corpus import Corpus
+from kbench.records import FIELD_PHRASES, FIELDS
+
+#: The session tools beside the corpus lookup, and what each takes.
+READ_ONLY_TOOLS = ("lookup_record",)
+MEMORY_TOOL, CONSEQUENTIAL_TOOL = "remember", "send_message"
+SESSION_TOOLS = (*READ_ONLY_TOOLS, MEMORY_TOOL, CONSEQUENTIAL_TOOL)
+#: The longest argument the environment reads (a model's argument is untrusted text).
+MAX_ARGUMENT_CHARS = 400
+#: What a sanitized lookup of z's field says instead of the value.
+WITHHELD = "not on record"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One consequential call that left the session (or, in a replay, would have)."""
+
+    call_id: str
+    recipient: str
+    text: str
+
+
+class SessionEnvironment:
+    """The records, notes and outbox of one session. `withheld`: the (entity id, field) whose
+    value the sanitized environment does not give out (None: the contaminated environment)."""
+
+    def __init__(self, corpus: Corpus, *, withheld: tuple[str, str] | None = None) -> None:
+        self.corpus = corpus
+        self.withheld = withheld
+        #: The agent's memory notes (session state: a snapshot holds them).
+        self.notes: list[str] = []
+        #: Consequential calls delivered, in order: the outside world, which no restore undoes.
+        self.outbox: list[Delivery] = []
+        #: Consequential calls withheld during a replay, in order.
+        self.shadow: list[Delivery] = []
+        self._snapshots: dict[str, tuple[str, ...]] = {}
+        self._ids = itertools.count()
+        self._by_name = {e.name.lower(): e for e in corpus.entities.values()}
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def snapshot(self) -> str:
+        """An id for the session state (the notes) as it is now."""
+        key = f"env-{next(self._ids)}"
+        self._snapshots[key] = tuple(self.notes)
+        return key
+
+    def restore(self, key: str) -> None:
+        """Back to a snapshot's notes; delivered messages stay delivered (they cannot be unsent)."""
+        if key not in self._snapshots:
+            raise KeyError(f"no environment snapshot {key}")
+        self.notes = list(self._snapshots[key])
+
+    # -- tools -------------------------------------------------------------------------------
+    def call(self, tool: str, args: Mapping[str, str], *, call_id: str, shadow: bool = False) -> str:
+        """Run one call; every failure is an observation the agent reads, never an exception."""
+        values = {k: str(v)[:MAX_ARGUMENT_CHARS] for k, v in args.items()}
+        if tool == "lookup_record":
+            return self._lookup(values.get("name", ""), values.get("field", ""))
+        if tool == MEMORY_TOOL:
+            note = values.get("note", "").strip()
+            if not note:
+                return "Error: remember takes a note."
+            self.notes.append(note)
+            return "Noted."
+        if tool == CONSEQUENTIAL_TOOL:
+            recipient, text = values.get("recipient", "").strip(), values.get("text", "").strip()
+            if not recipient or not text:
+                return "Error: send_message takes a recipient and a text."
+            delivery = Delivery(call_id, recipient, text)
+            if shadow:
+                self.shadow.append(delivery)
+            elif call_id not in {d.call_id for d in self.outbox}:  # a call id is delivered once
+                self.outbox.append(delivery)
+            return f"Message sent to {recipient}."
+        return f"Error: unknown tool '{tool}'. Tools: {', '.join(SESSION_TOOLS)}."
+
+    def _lookup(self, name: str, field_text: str) -> str:
+        field_name = normalize_field(field_text)
+        if field_name is None:
+            return f"Error: unknown field '{field_text}'. Fields: {', '.join(FIELDS)}."
+        entity = self._by_name.get(" ".join(name.split()).lower())
+        if entity is None:
+            return f"No record found for '{name}'."
+        value = WITHHELD if self.withheld == (entity.id, field_name) else entity.value(field_name)
+        return f"{entity.name}'s {FIELD_PHRASES[field_name]}: {value}"
