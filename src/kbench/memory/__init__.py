@@ -1,11 +1,23 @@
 """The memory-unlearning lane (SPEC §15): forget requests to agent memory systems.
 
-This package holds the lane's item record (one JSON object per probe reply) and its scorer:
+This package holds the lane's instances (generated from the corpus), its item record (one JSON object per probe reply) and its scorer:
 the judging rules, the RA / FE / PR / RLA / AR items, RPR, the Score and their cluster-bootstrap
 intervals over instances. Scoring is pure: functions of item records, no model, no I/O.
 Every name below is importable from `kbench.memory` directly.
 """
 
+from kbench.memory.instances import (
+    TIER_SIZES,
+    Instance,
+    InstanceFormatError,
+    Probe,
+    Request,
+    TierSize,
+    make_instance,
+    make_instances,
+    read_instances,
+    write_instances,
+)
 from kbench.memory.records import (
     ATTACKS,
     REQUEST_TYPES,
@@ -38,6 +50,16 @@ from kbench.memory.scoring import (
 )
 
 __all__ = [
+    "TIER_SIZES",
+    "Instance",
+    "InstanceFormatError",
+    "Probe",
+    "Request",
+    "TierSize",
+    "make_instance",
+    "make_instances",
+    "read_instances",
+    "write_instances",
     "AFFIRMATIVE_OPENINGS",
     "ATTACKS",
     "METRICS",
