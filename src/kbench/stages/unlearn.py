@@ -235,6 +235,10 @@ class UnlearnRun:
     recipe: str
     #: The run's inputs digest (`_inputs_digest`).
     digest: str
+    #: The agent base, the checked LoRA-T+D and its hash (`_checked_target`, checked once by the stage).
+    base_dir: Path
+    target: Injected
+    source_hash: str
 
 
 #: A pool worker's reference passes, shared by the runs it trains (runs from the same starting
@@ -244,9 +248,8 @@ _WORKER_CACHES: dict[tuple, dict] = {}
 
 def train(job: UnlearnRun) -> None:
     """A pool worker's task: one run, untracked (the stage's process logs it)."""
-    base_dir, target, source_hash = _checked_target(job.params)
-    train_one(job.params, job.corpus, base_dir, job.name, job.recipe, target=target, source_hash=source_hash,
-              digest=job.digest, track=False, caches=_WORKER_CACHES)
+    train_one(job.params, job.corpus, job.base_dir, job.name, job.recipe, target=job.target,
+              source_hash=job.source_hash, digest=job.digest, track=False, caches=_WORKER_CACHES)
 
 
 def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
@@ -288,8 +291,9 @@ def run_unlearn_stage(params: Params, corpus: Corpus, *, track: bool = True,
                 tracking.log_output(params, unlearned_dir(params.unlearning.out_dir, job.name, job.recipe))
 
         # Each worker trains the runs it is handed one after the other, sharing reference passes.
-        failed = run_pool(train, [UnlearnRun(params, corpus, name, recipe, digest) for name, recipe, digest in todo],
-                          workers, logged, label=lambda job: f"{job.name}/{job.recipe}")
+        jobs = [UnlearnRun(params, corpus, name, recipe, digest, base_dir, target, source_hash)
+                for name, recipe, digest in todo]
+        failed = run_pool(train, jobs, workers, logged, label=lambda job: f"{job.name}/{job.recipe}")
         if failed:
             raise UnlearningError(f"unlearning runs failed: {', '.join(failed)} (their messages are above; "
                                   "finished runs are kept and a rerun resumes)")
