@@ -327,3 +327,23 @@ def test_a_single_path_runs_causal_and_a_tree_runs_masked(tiny_model_dir, monkey
     label_position_loss(model, _examples(tiny_model_dir)[:2])
     assert "attention_mask" not in seen[0] and "attention_mask" in seen[1]
     assert abs(alone.item() - _one_row_per_example_loss(model, [example]).item()) < 1e-9
+
+
+def test_transformers_linear_schedule_steps_as_the_former_one_in_float32():
+    """transformers' (n - s) / n and the former 1 - s / n may differ in a float64 last bit; what an
+    AdamW step applies to float32 weights (lr / bias correction, 1 - lr * decay) is the same float32,
+    so the switch to `get_scheduler` changes no trained byte (the rates the presets use)."""
+    import numpy as np
+    from kbench.parametric.lora import optimizer_and_schedule
+
+    for lr in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2):
+        for n in (1, 7, 48, 300, 977):
+            _, schedule = optimizer_and_schedule([torch.nn.Parameter(torch.zeros(1))], learning_rate=lr,
+                                                 lr_schedule="linear", n_steps=n)
+            for s in range(n):
+                ours, former = schedule.get_last_lr()[0], lr * (1.0 - s / n)
+                bias = 1 - 0.9 ** (s + 1)
+                assert np.float32(ours / bias) == np.float32(former / bias)
+                assert np.float32(1 - ours * 0.01) == np.float32(1 - former * 0.01)
+                schedule.optimizer.step()
+                schedule.step()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, get_scheduler
 
 from kbench.config import LoraConfig, MixedPrecision
 from kbench.workers import process_pool, start_worker, stop_pool, worker_threads
@@ -126,11 +126,10 @@ def _batches(n_examples: int, settings: LoraConfig, rng: random.Random) -> Itera
 def optimizer_and_schedule(trainable: Sequence[torch.nn.Parameter], *, learning_rate: float, lr_schedule: str,
                            n_steps: int, weight_decay: float = 0.01) -> tuple[torch.optim.Optimizer, Any]:
     """The one optimizer setup of every trainer: AdamW at `learning_rate` (torch's default weight
-    decay unless given) and its schedule, "constant" or "linear" (step s from 0 runs at
-    1 - s / n_steps of the rate, so the last step still learns something)."""
+    decay unless given) and transformers' schedule `lr_schedule` ("constant" or "linear", no
+    warmup: step s from 0 runs at (n_steps - s) / n_steps of the rate)."""
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=weight_decay)
-    decay = (lambda step: 1.0 - step / n_steps) if lr_schedule == "linear" else (lambda step: 1.0)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+    return optimizer, get_scheduler(lr_schedule, optimizer, num_warmup_steps=0, num_training_steps=n_steps)
 
 
 def total_steps(n_examples: int, settings: LoraConfig) -> int:
