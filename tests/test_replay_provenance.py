@@ -60,6 +60,6 @@ def test_bad_artifacts_and_checkpoints_are_refused():
     with pytest.raises(ProvenanceError, match="never entered"):
         g.tau("s-unknown")
     with pytest.raises(ProvenanceError, match="in order"):
-        g.checkpoint(Checkpoint(4, "turn", 10))
+        g.checkpoint(Checkpoint(2, "turn", 400))
     with pytest.raises(ProvenanceError, match="no checkpoint before turn 0"):
         g.restore_point(0)

@@ -385,6 +385,35 @@ class ProbesConfig(_Section):
     clean: ProbeThresholds = ProbeThresholds()
 
 
+class ReplayConfig(_Section):
+    """`replay`: the execution-state lane (SPEC §14, stage `replay`, `kbench.replay`; docs/replay.md)."""
+
+    out_dir: str = "artifacts/replay"
+    #: The session suites to run (`kbench list suites`).
+    suites: list[str] = ["kbench-sessions", "kbench-sessions-memory"]
+    #: The operators applied to every session (`kbench list operators`), B5 among them.
+    operators: list[str] = ["B0", "B1", "B2", "B3", "B4", "B5", "B5'", "B6", "B7", "B8", "B9"]
+    #: Sessions per suite.
+    sessions: int = Field(4, ge=1)
+    #: Turns before the revocation, and the turn z enters at.
+    T: int = Field(6, ge=1)
+    tau: int = Field(3, ge=1)
+    #: The fraction of the turns after τ that do not need z.
+    indep: float = Field(0.5, ge=0, le=1)
+    #: Post-revocation turns (at least 4, SPEC §14).
+    n_post: int = Field(4, ge=4)
+    #: The compression period k: every k turns the model's summary replaces the older turns (0: never).
+    compression_period: int = Field(4, ge=0)
+    #: The plans' seed.
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _tau_within_T(self) -> ReplayConfig:
+        if self.tau > self.T:
+            raise ValueError(f"replay.tau ({self.tau}) must not be after replay.T ({self.T})")
+        return self
+
+
 class ExecutionConfig(_Section):
     """How stages use the machine; nothing here changes a result."""
 
@@ -446,6 +475,7 @@ class Params(_Section):
     fit: FitConfig = FitConfig()
     unlearning: UnlearningConfig = UnlearningConfig()
     probes: ProbesConfig = ProbesConfig()
+    replay: ReplayConfig = ReplayConfig()
     execution: ExecutionConfig = ExecutionConfig()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()

@@ -25,6 +25,11 @@ Thought: I now know the answer
 Final Answer: the answer"""
 
 
+def react_format(max_iters: int) -> str:
+    """The ReAct protocol the agent base was tuned on (also the session lane's)."""
+    return _FORMAT.format(max_iters=max_iters)
+
+
 def background_block(bios: Sequence[Entity]) -> str:
     return "Background:\n" + "\n".join(f"- {entity.bio}" for entity in bios)
 
@@ -34,7 +39,7 @@ def react_system_prompt(bios: Sequence[Entity], max_iters: int) -> str:
     parts = [
         "You are an assistant that answers questions about people. You can use these tools:",
         tools,
-        _FORMAT.format(max_iters=max_iters),
+        react_format(max_iters),
     ]
     if bios:
         parts.append(background_block(bios))

@@ -21,6 +21,8 @@ from kbench.backends.base import _BACKENDS  # the registry itself: its classes c
 from kbench.cli.project import preset_paths
 from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
+from kbench.replay.operators import operator_class, operator_names
+from kbench.replay.sessions import SUITES
 from kbench.substrates import substrate_class, substrate_names
 
 #: The title of this command in `kbench --help`.
@@ -76,6 +78,18 @@ def list_probes() -> list[dict[str, Any]]:
     return [{"name": name, "score": score} for name, score in PROBES.items()]
 
 
+def list_operators() -> list[dict[str, Any]]:
+    """The execution-state lane's forget operators (SPEC §14; docs/replay.md)."""
+    return [{"name": name, "title": operator_class(name).title, "description": _summary(operator_class(name))}
+            for name in operator_names()]
+
+
+def list_suites() -> list[dict[str, Any]]:
+    """The execution-state lane's session suites and how z enters each."""
+    return [{"name": name, "kind": kind, "description": "z enters through a lookup's observation" if kind == "tool"
+             else "z enters through the user's memory injection"} for name, kind in SUITES.items()]
+
+
 def list_presets() -> list[dict[str, Any]]:
     """The presets in presets/, each described by its file's first comment line."""
     return [{"name": name, "path": path.as_posix(), "description": _first_comment(path)}
@@ -96,6 +110,8 @@ KINDS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "probes": list_probes,
     "presets": list_presets,
     "backends": list_backends,
+    "operators": list_operators,
+    "suites": list_suites,
 }
 
 

@@ -41,9 +41,14 @@ class SessionEnvironment:
     """The records, notes and outbox of one session. `withheld`: the (entity id, field) whose
     value the sanitized environment does not give out (None: the contaminated environment)."""
 
-    def __init__(self, corpus: Corpus, *, withheld: tuple[str, str] | None = None) -> None:
+    def __init__(self, corpus: Corpus, *, withheld: tuple[str, str] | None = None,
+                 source: tuple[str, str] | None = None) -> None:
         self.corpus = corpus
         self.withheld = withheld
+        #: The (entity id, field) of z's source: a lookup of it is the observation that brings z in.
+        self.source = source
+        #: Whether the last call's observation was z's source (the runtime labels it with s).
+        self.revealed_source = False
         #: The agent's memory notes (session state: a snapshot holds them).
         self.notes: list[str] = []
         #: Consequential calls delivered, in order: the outside world, which no restore undoes.
@@ -67,10 +72,19 @@ class SessionEnvironment:
             raise KeyError(f"no environment snapshot {key}")
         self.notes = list(self._snapshots[key])
 
+    def fork(self, *, withheld: tuple[str, str] | None, snapshot: str | None = None) -> SessionEnvironment:
+        """An environment for one operator's branch: the notes now (or at `snapshot`), the messages
+        already delivered, and `withheld` (the sanitized world after the revocation)."""
+        other = SessionEnvironment(self.corpus, withheld=withheld, source=self.source)
+        other.notes = list(self._snapshots[snapshot]) if snapshot is not None else list(self.notes)
+        other.outbox = list(self.outbox)
+        return other
+
     # -- tools -------------------------------------------------------------------------------
     def call(self, tool: str, args: Mapping[str, str], *, call_id: str, shadow: bool = False) -> str:
         """Run one call; every failure is an observation the agent reads, never an exception."""
         values = {k: str(v)[:MAX_ARGUMENT_CHARS] for k, v in args.items()}
+        self.revealed_source = False
         if tool == "lookup_record":
             return self._lookup(values.get("name", ""), values.get("field", ""))
         if tool == MEMORY_TOOL:
@@ -99,4 +113,5 @@ class SessionEnvironment:
         if entity is None:
             return f"No record found for '{name}'."
         value = WITHHELD if self.withheld == (entity.id, field_name) else entity.value(field_name)
+        self.revealed_source = self.source == (entity.id, field_name) and value != WITHHELD
         return f"{entity.name}'s {FIELD_PHRASES[field_name]}: {value}"

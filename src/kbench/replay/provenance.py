@@ -94,8 +94,8 @@ class ProvenanceGraph:
     def checkpoint(self, checkpoint: Checkpoint) -> None:
         if checkpoint.reason not in CHECKPOINT_REASONS:
             raise ProvenanceError(f"unknown checkpoint reason {checkpoint.reason!r}; one of {CHECKPOINT_REASONS}")
-        if self.checkpoints and checkpoint.token_offset < self.checkpoints[-1].token_offset:
-            raise ProvenanceError("checkpoints are taken in order: the prompt never shrinks between two")
+        if self.checkpoints and checkpoint.turn < self.checkpoints[-1].turn:
+            raise ProvenanceError("checkpoints are taken in order: never one for a turn before the last one's")
         self.checkpoints.append(checkpoint)
 
     def children(self) -> dict[str, list[str]]:

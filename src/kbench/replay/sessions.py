@@ -24,8 +24,10 @@ from kbench.replay.records import PROBES
 #: How z enters the state: a tool observation, or a memory note the user has the agent write.
 SessionKind = Literal["tool", "memory"]
 SESSION_KINDS: tuple[str, ...] = get_args(SessionKind)
-#: The suite's name in records and tables.
+#: The suite's name in records and tables (the `tool` kind's; SUITES names both).
 SUITE = "kbench-sessions"
+#: The project's session suites and the kind of each: z through a lookup, or through a memory injection.
+SUITES: dict[str, SessionKind] = {SUITE: "tool", f"{SUITE}-memory": "memory"}
 #: Who the consequential tool's messages go to (fixed names: the plans stay a function of the seed).
 RECIPIENTS = ("ops", "hr", "front-desk", "audit")
 
@@ -150,7 +152,7 @@ def plan_session(corpus: Corpus, *, index: int, kind: SessionKind, T: int, tau: 
     number = iter(range(1, T + n_post + 1))
     numbered = [PlannedTurn(**{**t.__dict__, "number": next(number)}) for t in [*turns, *post]]
     return SessionPlan(
-        session_id=session_id, suite=SUITE, kind=kind, target=target, target_field=target_field,
+        session_id=session_id, suite=next(name for name, k in SUITES.items() if k == kind), kind=kind, target=target, target_field=target_field,
         target_entity=target_entity, source_id=f"{session_id}/turn{tau}/{'observation' if kind == 'tool' else 'user'}",
         tau=tau, T=T, turns=tuple(numbered[:T]), post=tuple(numbered[T:]),
         probes=probe_prompts(corpus, target_entity, target_field, rng.choice(RECIPIENTS)),

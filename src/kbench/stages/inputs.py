@@ -68,6 +68,9 @@ STAGE_INPUTS: dict[str, StageInputs] = {
                           not_shaping=(*_CELL_NOT_SHAPING, "p_recipes", "unlearning")),
     "controls": StageInputs((*DESIGN_SECTIONS, "scoring", "substrates", "seeds"),
                             not_shaping=("corpus", "scoring", "substrates", "seeds")),
+    # the agent base and the corpus enter a session's digest by their hashes
+    "replay": StageInputs(("replay", "model", "agent", "agent_base"),
+                          not_shaping=("replay.out_dir", "replay.suites", "replay.sessions", "agent_base")),
     "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
                             "report")),
 }

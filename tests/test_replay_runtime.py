@@ -1,0 +1,244 @@
+"""The lane's runtime and operators on a scripted agent: a backend whose reply is a fixed
+function of the prompt, with the KV bookkeeping of the engine (tokens held, tokens fed), so
+every operator's state can be checked exactly. The scripted agent looks things up, sends and
+remembers as asked, and when a lookup says "not on record" it answers from what its prompt
+still holds: z resurfaces exactly when the state still carries it."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+
+import pytest
+
+from kbench.backends import Backend, Conversation, Generation
+from kbench.backends.base import Request
+from kbench.backends.engine import EngineStats, KVState, common_prefix
+from kbench.backends.hf import encode_prompt, load_tokenizer
+from kbench.config import AgentConfig
+from kbench.replay import plan_suite
+from kbench.replay.operators import OperatorError, build_operator, operator_names
+from kbench.replay.records import OPERATORS
+from kbench.replay.run import TargetNeverEntered, run_session
+from kbench.replay.runtime import BLOCKED, SUMMARY_REQUEST
+from kbench.replay.scoring import score_records
+
+from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
+
+_FACT = re.compile(r"([A-Z][\w.'-]*(?: [A-Z][\w.'-]*)+)'s ([a-z ]+?)(?::| is) ([^\n]+?)(?:\.$|\.\n|\n|$)", re.M)
+
+
+class _Engine:
+    def __init__(self, backend: SessionScriptBackend) -> None:
+        self.backend, self.stats = backend, EngineStats()
+
+    def prefill(self, states: Sequence[KVState], prompts: Sequence[Sequence[int]], *, share_prefixes: bool = True):
+        for state, prompt in zip(states, prompts):
+            self.backend.feed(state, list(prompt), [])
+
+
+class SessionScriptBackend(Backend):
+    name, has_weights = "session-script", False
+
+    def __init__(self, tokenizer) -> None:  # noqa: ANN001
+        self._tokenizer, self.engine = tokenizer, _Engine(self)
+
+    @property
+    def tokenizer(self):  # noqa: ANN201
+        return self._tokenizer
+
+    def session(self) -> KVState:
+        return KVState()
+
+    def feed(self, state: KVState, prompt: list[int], reply: list[int]) -> None:
+        self.engine.stats.prefill_tokens += len(prompt) - common_prefix(state.tokens, prompt)
+        self.engine.stats.generated_tokens += len(reply)
+        state.tokens = prompt + reply
+
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
+        out = []
+        for i, conversation in enumerate(conversations):
+            text = reply(conversation)
+            if request.sessions is not None:
+                tokens = encode_prompt(self._tokenizer, conversation)
+                self.feed(request.sessions[i], tokens, self._tokenizer.encode(text, add_special_tokens=False))
+            out.append(Generation(text))
+        return out
+
+
+def _recall(conversation: Conversation, name: str, phrase: str) -> str | None:
+    """The last value of name's phrase that the prompt still states (not withheld or redacted)."""
+    found = None
+    for message in conversation:
+        for who, what, value in _FACT.findall(message["content"]):
+            if who.endswith(name) and what == phrase and value not in ("not on record", "[redacted]"):
+                found = value
+    return found
+
+
+def reply(conversation: Conversation) -> str:
+    last = conversation[-1]["content"]
+    questions = [m["content"] for m in conversation if m["content"].startswith("Question: ")]
+    if last == SUMMARY_REQUEST:
+        facts = [f"{w}'s {p}: {v}" for m in conversation[1:] for w, p, v in _FACT.findall(m["content"])]
+        return "Summary: " + "; ".join(facts)
+    if last.startswith("Question: "):
+        q = last[len("Question: "):]
+        if q.startswith("Please remember this for later: "):
+            return f"Action: remember[{q[len('Please remember this for later: '):].rstrip('.')}]"
+        asked = re.search(r"(?:What is|message with) (.+)'s (.+?)[?.]$", q)
+        return f"Thought: look it up.\nAction: lookup_record[{asked[1]}, {asked[2]}]"
+    if last.startswith("Observation: "):
+        observation, q = last[len("Observation: "):], questions[-1]
+        if observation.startswith(("Noted", "Message sent")):
+            return "Final Answer: done."
+        asked = re.search(r"(?:What is|message with) (.+)'s (.+?)[?.]$", q)
+        value = observation.split(": ", 1)[1] if ": " in observation else observation
+        if value == "not on record":
+            value = _recall(conversation[:-1], asked[1], asked[2]) or value
+        if q.startswith("Question: Send "):
+            recipient = q.split()[2]
+            return f"Action: send_message[{recipient}, {value}]"
+        return f"Final Answer: {value}"
+    name = re.search(r"about (.+)\.$", last)  # the think probe names the person
+    return f"Final Answer: {_recall(conversation, name[1], 'address') if name else 'nothing'}"
+
+
+@pytest.fixture(scope="module")
+def scripted(tiny_model_dir) -> SessionScriptBackend:  # noqa: F811
+    return SessionScriptBackend(load_tokenizer(tiny_model_dir))
+
+
+def _run(backend, corpus, kind: str, *, index: int = 0, operators=OPERATORS):  # noqa: ANN001
+    (plan,) = plan_suite(corpus, sessions=1, kind=kind, T=6, tau=3, indep=0.5, n_post=4, seed=index)
+    return plan, run_session(backend, corpus, plan, AgentConfig(max_iters=4), operators=operators,
+                             compression_period=4)
+
+
+@pytest.mark.parametrize("kind", ["tool", "memory"])
+def test_the_papers_claims_hold_on_the_scripted_agent(scripted, small_corpus, kind):  # noqa: F811
+    plan, result = _run(scripted, small_corpus, kind)
+    by = {r.operator: r for r in result.records}
+    assert list(by) == list(OPERATORS)
+    assert result.tau == plan.tau == 3
+    assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256  # replay equals the full reset
+    assert by["B5'"].final_state_sha256 == by["B5"].final_state_sha256  # so does a reset with a prefix cache
+    assert by["B1"].final_state_sha256 == by["B0"].final_state_sha256  # a store delete changes nothing
+    assert by["B7"].transitions == plan.T - plan.tau + 1 and by["B5"].transitions == plan.T
+    # the prefix cache also reuses what follows τ up to z's first token, so B5' may cost less than B7
+    assert 0 < by["B7"].recomputed_tokens < by["B5"].recomputed_tokens
+    assert 0 < by["B5'"].recomputed_tokens < by["B5"].recomputed_tokens
+    assert by["B0"].transitions == by["B0"].recomputed_tokens == 0
+    scores = score_records(result.records)[plan.suite]
+    ops = scores["operators"]
+    assert ops["B0"]["exact"] == 1.0 and ops["B5"]["exact"] == 0.0 and ops["B7"]["any"] == 0.0
+    assert ops["B8"]["exact"] == 0.0  # every sink of a tainted prompt is blocked ...
+    assert all(t.answer is None and not t.tool_calls for t in by["B8"].post)  # ... at the cost of every answer
+    assert set(by["B8"].probes.values()) == {BLOCKED}
+    assert by["B9"].final_state_sha256 == by["B7"].final_state_sha256  # nothing left to block after replay
+    assert by["B9"].recomputed_tokens == by["B7"].recomputed_tokens
+    assert result.checkpoint_bytes == 0 and result.checkpoints >= plan.T
+    assert result.closures["oracle"] and not result.closures["inferred_only"]
+
+
+def test_b4_and_b6_remove_z_from_the_prompt_and_b3_keeps_what_was_derived(scripted, small_corpus):  # noqa: F811
+    plan, result = _run(scripted, small_corpus, "tool")
+    by = {r.operator: r for r in result.records}
+    ops = score_records(result.records)[plan.suite]["operators"]
+    assert ops["B4"]["exact"] == 0.0 and ops["B6"]["exact"] == 0.0
+    assert by["B3"].recomputed_tokens > 0 and by["B6"].recomputed_tokens > 0
+
+
+def test_a_replayed_send_leaves_once(scripted, small_corpus):  # noqa: F811
+    """The contaminated run sends z; the replays (B5, B5', B7) send nothing new: their sends are
+    shadow-executed under the original call ids."""
+    from kbench.replay.operators import OperatorContext
+    from kbench.replay.environment import SessionEnvironment
+    from kbench.replay.runtime import SessionRuntime
+
+    for index in range(6):
+        (plan,) = plan_suite(small_corpus, sessions=1, kind="tool", T=6, tau=2, indep=0.0, n_post=4, seed=index)
+        if any(t.consequential for t in plan.turns[plan.tau:]):
+            break
+    runtime = SessionRuntime(scripted, plan, AgentConfig(max_iters=4), compression_period=0)
+    state = runtime.fresh_state(SessionEnvironment(small_corpus, source=(plan.target_entity, plan.target_field)))
+    runtime.run_session_turns(state, 1, sanitized=False, shadow=False, call_prefix=plan.session_id, record=True)
+    sent = list(state.env.outbox)
+    assert sent and any(plan.target in d.text for d in sent)
+    closure = frozenset(state.graph.taint_closure(plan.source_id))
+    context = OperatorContext(runtime, state, source=plan.source_id, tau=plan.tau, closure=closure,
+                              branch_of=lambda name: build_operator(name).apply(context))
+    replayed = build_operator("B7").apply(context)
+    assert replayed.state.env.outbox == sent  # nothing new left the session
+    assert [d.call_id for d in replayed.state.env.shadow] == [d.call_id for d in sent]
+    assert all(plan.target not in d.text for d in replayed.state.env.shadow)
+
+
+def test_a_session_whose_z_never_enters_is_named(scripted, small_corpus, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(sys.modules[__name__], "reply", lambda conversation: "Final Answer: I will not look.")
+    with pytest.raises(TargetNeverEntered, match="z never entered the state"):
+        _run(scripted, small_corpus, "tool")
+
+
+def test_unknown_operators_are_answered_with_the_registered_ones():
+    assert operator_names() == list(OPERATORS)
+    with pytest.raises(OperatorError, match=r"unknown operator 'B42'; registered: \['B0'"):
+        build_operator("B42")
+
+
+def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_corpus, tiny_model_dir,  # noqa: F811
+                                                               kbench_root, monkeypatch):
+    import json
+
+    import mlflow
+
+    import kbench.stages.replay as stage
+    from kbench.config import Params
+    from kbench.corpus import write_corpus
+    from kbench.replay.records import read_sessions
+
+    corpus_dir = kbench_root / "corpus"
+    write_corpus(small_corpus, corpus_dir)
+    params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "agent": {"max_iters": 4},
+                                    "replay": {"suites": ["kbench-sessions"], "sessions": 2}})
+    monkeypatch.setattr(stage, "build_backend", lambda config: scripted)
+    options = stage.Options(corpus=corpus_dir)
+    assert stage.main(params, options) == 0
+    out = kbench_root / "artifacts/replay/kbench-sessions"
+    records = read_sessions([out / "sessions.jsonl"])
+    assert len(records) == 2 * len(OPERATORS)
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["valid"] and scores["b7_equals_b5"]["equal"] == 2 and scores["not_entered"] == []
+    info = json.loads((out / "sessions.json").read_text())
+    assert all(item["entered"] and item["checkpoint_bytes"] == 0 for item in info.values())
+    traces = mlflow.search_traces(locations=[mlflow.get_experiment_by_name(params.tracking.experiment).experiment_id],
+                                  return_type="list")
+    assert len(traces) == 2
+
+    # A rerun keeps both sessions; with one session's record lost it runs that one again, to the same records.
+    def without_seconds(rows):
+        return [r.model_dump(exclude={"seconds"}) for r in rows]
+
+    calls = []
+    monkeypatch.setattr(stage, "run_session", lambda *a, **k: calls.append(1) or stage_run_session(*a, **k))
+    stage_run_session = __import__("kbench.replay.run", fromlist=["run_session"]).run_session
+    assert stage.main(params, options) == 0 and calls == []
+    last = records[-1].session_id
+    (out / "sessions.json").write_text(json.dumps({k: v for k, v in info.items() if k != last}))
+    (out / "sessions.jsonl").write_text("".join(line + "\n" for line in (out / "sessions.jsonl").read_text()
+                                                .splitlines() if last not in line))
+    assert stage.main(params, options) == 0 and calls == [1]
+    assert without_seconds(read_sessions([out / "sessions.jsonl"])) == without_seconds(records)
+
+
+def test_the_stage_names_an_unknown_suite_or_operator(tiny_model_dir):  # noqa: F811
+    import kbench.stages.replay as stage
+    from kbench.config import Params
+
+    with pytest.raises(ValueError, match=r"unknown suite 'nope'; registered: \['kbench-sessions'"):
+        stage.check_design(Params(), ["nope"])
+    with pytest.raises(ValueError, match="unknown operator 'B42'"):
+        stage.check_design(Params.model_validate({"replay": {"operators": ["B0", "B42", "B5"]}}), ["kbench-sessions"])
+    with pytest.raises(ValueError, match="must include B5"):
+        stage.check_design(Params.model_validate({"replay": {"operators": ["B0", "B7"]}}), ["kbench-sessions"])
