@@ -212,6 +212,8 @@ def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_
     assert scores["valid"] and scores["b7_equals_b5"]["equal"] == 2 and scores["not_entered"] == []
     info = json.loads((out / "sessions.json").read_text())
     assert all(item["entered"] and item["checkpoint_bytes"] == 0 for item in info.values())
+    page = (kbench_root / "docs/results-replay.md").read_text()
+    assert "| B7 |" in page and "| kbench-sessions | 2 | yes | 2/2 | 2/2 | 2/2 |" in page
     traces = mlflow.search_traces(locations=[mlflow.get_experiment_by_name(params.tracking.experiment).experiment_id],
                                   return_type="list")
     assert len(traces) == 2

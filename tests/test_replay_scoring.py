@@ -156,7 +156,7 @@ def test_replay_score_on_files(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     suite = out["kbench-sessions"]
     assert set(suite) == {"valid", "operators", "kept_probes", "savings", "bound", "b7_equals_b5",
-                          "b7_transitions_at_bound", "sessions", "tests"}
+                          "b7_transitions_at_bound", "b1_equals_b0", "sessions", "tests"}
     assert set(suite["operators"]["B0"]) == {"sessions", "exact", "action", "any", "cad", "leak_at_probes",
                                              "transitions", "recomputed_tokens"}
     assert main(["replay", "score", str(path)]) == 0

@@ -389,6 +389,8 @@ class ReplayConfig(_Section):
     """`replay`: the execution-state lane (SPEC §14, stage `replay`, `kbench.replay`; docs/replay.md)."""
 
     out_dir: str = "artifacts/replay"
+    #: The lane's results page the stage writes (tables of every suite run).
+    results: str = "docs/results-replay.md"
     #: The session suites to run (`kbench list suites`).
     suites: list[str] = ["kbench-sessions", "kbench-sessions-memory"]
     #: The operators applied to every session (`kbench list operators`), B5 among them.

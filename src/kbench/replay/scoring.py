@@ -23,6 +23,7 @@ from kbench.observer.matcher import match
 from kbench.observer.statistics import benjamini_hochberg, mcnemar_p
 from kbench.replay.records import (
     FULL_RESET,
+    MEMORY_DELETE,
     NO_FORGET,
     OPERATORS,
     PROBES,
@@ -213,8 +214,13 @@ def _cost_and_exactness(by_operator: dict[str, dict[str, SessionRecord]],
                         reset: dict[str, SessionRecord]) -> dict[str, Any]:
     """B7 against B5: savings in recomputed tokens, their bound in transitions, exactness."""
     replay = by_operator.get(SELECTIVE_REPLAY)
+    deleted, kept = by_operator.get(MEMORY_DELETE), by_operator.get(NO_FORGET)
+    b1 = None if not (deleted and kept) else {
+        "equal": sum(deleted[s].final_state_sha256 == kept[s].final_state_sha256 for s in deleted if s in kept),
+        "sessions": len(set(deleted) & set(kept))}
     if not replay:
-        return {"savings": None, "bound": None, "b7_equals_b5": None, "b7_transitions_at_bound": None}
+        return {"savings": None, "bound": None, "b7_equals_b5": None, "b7_transitions_at_bound": None,
+                "b1_equals_b0": b1}
     shared = sorted(replay)
     b7_tokens = sum(replay[s].recomputed_tokens for s in shared)
     b5_tokens = sum(reset[s].recomputed_tokens for s in shared)
@@ -225,6 +231,7 @@ def _cost_and_exactness(by_operator: dict[str, dict[str, SessionRecord]],
                          "sessions": len(shared)},
         "b7_transitions_at_bound": {"at_bound": sum(r.transitions == r.T - r.tau + 1 for r in replay.values()),
                                     "sessions": len(shared)},
+        "b1_equals_b0": b1,
     }
 
 

@@ -70,7 +70,8 @@ STAGE_INPUTS: dict[str, StageInputs] = {
                             not_shaping=("corpus", "scoring", "substrates", "seeds")),
     # the agent base and the corpus enter a session's digest by their hashes
     "replay": StageInputs(("replay", "model", "agent", "agent_base"),
-                          not_shaping=("replay.out_dir", "replay.suites", "replay.sessions", "agent_base")),
+                          not_shaping=("replay.out_dir", "replay.results", "replay.suites", "replay.sessions",
+                                       "agent_base")),
     "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
                             "report")),
 }

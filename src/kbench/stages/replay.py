@@ -23,6 +23,7 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.replay.operators import OperatorError, operator_names
 from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, write_sessions
 from kbench.replay.run import TargetNeverEntered, run_session
+from kbench.replay.report import render_results
 from kbench.replay.scoring import score_records
 from kbench.replay.sessions import SUITES, plan_suite
 from kbench.replay.traces import log_sessions
@@ -136,7 +137,11 @@ def main(params: Params, options: Options) -> int:
     check_design(params, suites)
     corpus = load_corpus(options.corpus)
     backend = build_backend(agent_model_config(params))
+    scores = {}
     for suite in suites:
-        scores = run_suite(params, corpus, options.corpus, suite, backend, track=options.track)
-        log.info("%s: %d sessions scored, valid %s", suite, scores["sessions"], scores["valid"])
+        scores[suite] = run_suite(params, corpus, options.corpus, suite, backend, track=options.track)
+        log.info("%s: %d sessions scored, valid %s", suite, scores[suite]["sessions"], scores[suite]["valid"])
+    page = render_results(scores, model=params.base_model, params_digest=io.json_digest(shaping(params, "replay")))
+    io.write_text(params.replay.results, page)
+    log.info("results page %s", params.replay.results)
     return 0
