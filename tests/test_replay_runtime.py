@@ -17,7 +17,7 @@ from kbench.backends.base import Request
 from kbench.backends.engine import EngineStats, KVState, common_prefix
 from kbench.backends.hf import encode_prompt, load_tokenizer
 from kbench.config import AgentConfig
-from kbench.replay import plan_suite
+from kbench.replay import SessionEnvironment, plan_suite
 from kbench.replay.operators import OperatorError, build_operator, operator_names
 from kbench.replay.records import OPERATORS
 from kbench.replay.run import TargetNeverEntered, run_session
@@ -112,7 +112,8 @@ def scripted(tiny_model_dir) -> SessionScriptBackend:  # noqa: F811
 
 def _run(backend, corpus, kind: str, *, index: int = 0, operators=OPERATORS):  # noqa: ANN001
     (plan,) = plan_suite(corpus, sessions=1, kind=kind, T=6, tau=3, indep=0.5, n_post=4, seed=index)
-    return plan, run_session(backend, corpus, plan, AgentConfig(max_iters=4), operators=operators,
+    env = SessionEnvironment(corpus, source=(plan.target_entity, plan.target_field))
+    return plan, run_session(backend, env, plan, AgentConfig(max_iters=4), operators=operators,
                              compression_period=4)
 
 
@@ -154,7 +155,6 @@ def test_a_replayed_send_leaves_once(scripted, small_corpus):  # noqa: F811
     """The contaminated run sends z; the replays (B5, B5', B7) send nothing new: their sends are
     shadow-executed under the original call ids."""
     from kbench.replay.operators import OperatorContext
-    from kbench.replay.environment import SessionEnvironment
     from kbench.replay.runtime import SessionRuntime
 
     for index in range(6):
@@ -210,6 +210,8 @@ def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_
     assert len(records) == 2 * len(OPERATORS)
     scores = json.loads((out / "scores.json").read_text())
     assert scores["valid"] and scores["b7_equals_b5"]["equal"] == 2 and scores["not_entered"] == []
+    assert scores["channels"]["B0"]["turns"] == 2 * 4 and scores["channels"]["B0"]["Z_answer"] > 0
+    assert scores["channels"]["B5"]["Z_answer"] == 0.0
     info = json.loads((out / "sessions.json").read_text())
     assert all(item["entered"] and item["checkpoint_bytes"] == 0 for item in info.values())
     page = (kbench_root / "docs/results-replay.md").read_text()
@@ -244,3 +246,69 @@ def test_the_stage_names_an_unknown_suite_or_operator(tiny_model_dir):  # noqa: 
         stage.check_design(Params.model_validate({"replay": {"operators": ["B0", "B42", "B5"]}}), ["kbench-sessions"])
     with pytest.raises(ValueError, match="must include B5"):
         stage.check_design(Params.model_validate({"replay": {"operators": ["B0", "B7"]}}), ["kbench-sessions"])
+
+
+def test_sampled_probes_are_seeded_per_session_operator_probe_and_sample(small_corpus, tiny_model_dir):  # noqa: F811
+    """Leak@k's replies: the same names give the same samples, other names other ones; a blocked
+    branch samples nothing that leaves."""
+    from kbench.backends import build_backend
+    from kbench.config import ModelConfig
+    from kbench.replay.operators import Branch
+    from kbench.replay.run import sampled_probes
+    from kbench.replay.runtime import SessionRuntime
+
+    backend = build_backend(ModelConfig(path=str(tiny_model_dir)))
+    (plan,) = plan_suite(small_corpus, sessions=1, kind="tool", T=2, tau=1, indep=0.0, n_post=4, seed=0)
+    runtime = SessionRuntime(backend, plan, AgentConfig(max_new_tokens=8), compression_period=0)
+
+    def branches():
+        state = runtime.fresh_state(SessionEnvironment(small_corpus))
+        return [("B0", Branch(state)), ("B8", Branch(state.fork(), policy=lambda s: True))]
+
+    config = AgentConfig(max_new_tokens=8)
+    first = sampled_probes(backend, plan, config, branches(), k=3, temperature=0.7)
+    again = sampled_probes(backend, plan, config, branches(), k=3, temperature=0.7)
+    assert first == again and set(first["B0"]) == set(plan.probes) and len(first["B0"]["direct"]) == 3
+    assert len(set(first["B0"]["direct"])) > 1  # three draws, not one greedy reply three times
+    assert all(reply == BLOCKED for replies in first["B8"].values() for reply in replies)
+
+
+def test_channel_rates_say_where_z_resurfaces():
+    from kbench.records import Action, Step, TraceRecord
+    from kbench.replay.channels import channel_rates
+
+    def turn(operator: str, thought: str, args: str, answer: str) -> TraceRecord:
+        return TraceRecord(query_id=f"s/{operator}/{thought}", entity_id="e", split="forget", field="employer",
+                           ground_truth="Acme Widgets", seed=0, substrate="kbench-sessions", method=operator,
+                           steps=[Step(thought=thought, action=Action(tool="send_message", args=args),
+                                       observation="Message sent."), Step(thought=None)],
+                           retrieval=[], answer=answer, raw_reply="", halted_reason="final_answer", summary="",
+                           summary_error=None)
+
+    rates = channel_rates([turn("B0", "it is Acme Widgets", "ops, hello", "done"),
+                           turn("B0", "nothing", "ops, Acme Widgets", "Acme Widgets"),
+                           turn("B7", "nothing", "ops, hello", "I do not know")])
+    assert rates["B0"]["turns"] == 2 and rates["B0"]["Z_CoT"] == 0.5 and rates["B0"]["Z_tool"] == 0.5
+    assert rates["B0"]["Z_answer"] == 0.5 and rates["B7"]["Z_answer"] == 0.0
+    assert list(rates) == ["B0", "B7"]
+
+
+def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
+    from kbench.replay.report import render_results, sweep_summary
+
+    def suite_scores(b7: float, b5: float) -> dict:
+        ops = {op: {"any": 0.0, "cad": 0.0, "recomputed_tokens": tokens, "leak_at_probes": 0.0, "leak_at_k": None}
+               for op, tokens in (("B0", 0.0), ("B5", b5), ("B7", b7))}
+        return {"operators": ops, "sessions": 4, "valid": True, "savings": b5 / b7, "bound": 1.0, "kept_probes": [],
+                "b7_equals_b5": {"equal": 4, "sessions": 4}, "b7_transitions_at_bound": {"at_bound": 4, "sessions": 4},
+                "b1_equals_b0": {"equal": 4, "sessions": 4}, "tests": None}
+
+    scores = {"s": suite_scores(400, 600), **{f"s@tau={t}": suite_scores(600 - 100 * (t - 1), 600) for t in (1, 2, 3, 4)},
+              "s@indep=0.25": suite_scores(400, 600)}
+    summary = sweep_summary("s", scores)
+    assert summary["tau"]["b7_fit"]["slope"] == pytest.approx(-100) and summary["tau"]["b7_fit"]["r2"] == pytest.approx(1)
+    assert summary["tau"]["b5_fit"]["slope"] == pytest.approx(0)
+    assert summary["indep"] == [{"indep": 0.25, "any": {"B0": 0.0, "B5": 0.0, "B7": 0.0}}]
+    assert sweep_summary("other", scores) is None
+    page = render_results(scores, model="m", params_digest="d", sweeps={"s": summary})
+    assert "**τ sweep, s**" in page and "| 4 | 300 | 600 |" in page

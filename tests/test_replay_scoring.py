@@ -158,7 +158,8 @@ def test_replay_score_on_files(tmp_path, capsys):
     assert set(suite) == {"valid", "operators", "kept_probes", "savings", "bound", "b7_equals_b5",
                           "b7_transitions_at_bound", "b1_equals_b0", "sessions", "tests"}
     assert set(suite["operators"]["B0"]) == {"sessions", "exact", "action", "any", "cad", "leak_at_probes",
-                                             "transitions", "recomputed_tokens"}
+                                             "leak_at_k", "transitions", "recomputed_tokens"}
+    assert suite["operators"]["B0"]["leak_at_k"] is None  # no sampled replies in these records
     assert main(["replay", "score", str(path)]) == 0
     text = capsys.readouterr().out
     assert "kbench-sessions: 4 sessions, valid" in text and "savings 4.00x" in text
@@ -186,3 +187,14 @@ def test_an_invalid_record_is_refused():
         record("s", "B0", []).model_copy(update={}).model_validate(
             {**record("s", "B0", []).model_dump(), "final_state_sha256": "xyz"})
     assert issubclass(SessionFormatError, ValueError)
+
+
+def test_leak_at_k_reads_the_sampled_replies_of_kept_probes():
+    from kbench.replay.scoring import leak_at_k
+
+    plain = record("s1", "B0", _clean_post())
+    assert leak_at_k(plain, ["direct"]) is None
+    sampled = plain.model_copy(update={"probe_samples": {"direct": ["no idea", f"it is {plain.target}"],
+                                                         "cued": [plain.target]}})
+    assert leak_at_k(sampled, ["direct"]) is True
+    assert leak_at_k(sampled, ["task"]) is False  # the cued samples leak, but cued is not kept

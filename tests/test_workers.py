@@ -25,6 +25,12 @@ def threads_and_env(_: object) -> tuple[int, str]:
     return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
 
 
+def library_threads(_: object) -> set[int]:
+    from threadpoolctl import threadpool_info
+
+    return {pool["num_threads"] for pool in threadpool_info()}
+
+
 def die(item: int) -> int:
     if item == 0:
         os._exit(7)  # a worker killed mid-task (out of memory, a signal)
@@ -53,6 +59,16 @@ def test_each_worker_runs_on_its_share_of_the_cores():
     results.clear()
     run_pool(threads_and_env, [0], 2, lambda item, result, seconds: results.append(result), threads=1)
     assert results == [(1, "1")]
+
+
+def test_libraries_loaded_before_the_initializer_are_limited_too():
+    """numpy (imported here, so by the spawned worker's main module too) keeps OpenBLAS at the
+    worker's share, not at the machine's cores."""
+    import numpy  # noqa: F401
+
+    results = []
+    run_pool(library_threads, [0], 2, lambda item, result, seconds: results.append(result), threads=1)
+    assert results == [{1}]
 
 
 def test_a_worker_that_dies_fails_its_items_and_is_reported():

@@ -408,11 +408,22 @@ class ReplayConfig(_Section):
     compression_period: int = Field(4, ge=0)
     #: The plans' seed.
     seed: int = 0
+    #: Leak@k: replies sampled per probe and branch (0: not measured), and their temperature;
+    #: each sample's generator is seeded from the session, operator, probe and sample number.
+    leak_at_k: int = Field(0, ge=0)
+    temperature: float = Field(0.7, gt=0)
+    #: The sweeps (SPEC §14's claims): each value of `tau_sweep` and of `indep_sweep` reruns every
+    #: suite with that τ or `indep` as `<suite>@tau=<v>` / `<suite>@indep=<v>` (empty: no sweep).
+    tau_sweep: list[int] = []
+    indep_sweep: list[float] = []
 
     @model_validator(mode="after")
     def _tau_within_T(self) -> ReplayConfig:
-        if self.tau > self.T:
-            raise ValueError(f"replay.tau ({self.tau}) must not be after replay.T ({self.T})")
+        for tau in [self.tau, *self.tau_sweep]:
+            if not 1 <= tau <= self.T:
+                raise ValueError(f"replay tau {tau} must lie in 1..replay.T ({self.T})")
+        if any(not 0 <= v <= 1 for v in self.indep_sweep):
+            raise ValueError("replay.indep_sweep values must lie in [0, 1]")
         return self
 
 

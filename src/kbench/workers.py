@@ -46,11 +46,16 @@ def worker_threads(workers: int) -> int:
 
 
 def use_threads(threads: int) -> None:
-    """This process's compute threads: the environment read by libraries that start later, and
-    torch's own count (torch is imported here, after the environment is set)."""
+    """This process's compute threads: the environment read by libraries that start later, the
+    pools of those already loaded (a spawned worker imports the command's main module, and with
+    it numpy's and scipy's OpenBLAS, before its initializer runs: threadpoolctl limits them), and
+    torch's own count."""
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
     import torch
+    from threadpoolctl import threadpool_limits
 
+    threadpool_limits(threads)
     torch.set_num_threads(threads)
 
 

@@ -373,6 +373,7 @@ class Engine:
         stop: Sequence[str] = (),
         share_prefixes: bool = True,
         on_logits: Callable[[int, torch.Tensor], None] | None = None,
+        choose: Callable[[int, torch.Tensor], int] | None = None,
     ) -> list[list[int]]:
         """Greedy continuations (token ids, end-of-turn token excluded) of each prompt.
 
@@ -391,7 +392,7 @@ class Engine:
             for j, i in enumerate(batch.rows):
                 if on_logits is not None:
                     on_logits(i, batch.logits[j])
-                token = int(batch.logits[j].argmax())
+                token = int(batch.logits[j].argmax()) if choose is None else choose(i, batch.logits[j])
                 self.stats.generated_tokens += 1
                 end_of_turn = token in self.eos_token_ids
                 ended = end_of_turn

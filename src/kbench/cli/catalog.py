@@ -22,7 +22,7 @@ from kbench.cli.project import preset_paths
 from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
 from kbench.replay.operators import operator_class, operator_names
-from kbench.replay.sessions import SUITES
+from kbench.replay.suites import suite_kind, suite_names
 from kbench.substrates import substrate_class, substrate_names
 
 #: The title of this command in `kbench --help`.
@@ -86,8 +86,13 @@ def list_operators() -> list[dict[str, Any]]:
 
 def list_suites() -> list[dict[str, Any]]:
     """The execution-state lane's session suites and how z enters each."""
-    return [{"name": name, "kind": kind, "description": "z enters through a lookup's observation" if kind == "tool"
-             else "z enters through the user's memory injection"} for name, kind in SUITES.items()]
+    def describe(name: str) -> str:
+        if name.startswith("agentdojo-"):
+            return "AgentDojo's suite (PyPI agentdojo): its user tasks and tools; z in a tool return via its injection placeholders"
+        return ("z enters through a lookup's observation" if suite_kind(name) == "tool"
+                else "z enters through the user's memory injection")
+
+    return [{"name": name, "kind": suite_kind(name), "description": describe(name)} for name in suite_names()]
 
 
 def list_presets() -> list[dict[str, Any]]:

@@ -92,6 +92,8 @@ class SessionRecord(BaseModel):
     post: list[PostTurn]
     #: Each probe's reply.
     probes: dict[Probe, str]
+    #: Each probe's k replies sampled at `replay.temperature` (Leak@k); empty when not sampled.
+    probe_samples: dict[Probe, list[str]] = {}
     #: sha256 of the final prompt inventory's token ids and every post-revocation output.
     final_state_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+from scipy.stats import linregress
+
 from kbench.observer.format import fmt_rate
 from kbench.replay.records import OPERATORS
 
@@ -20,7 +23,39 @@ def _count(counts: Mapping[str, int] | None, key: str) -> str:
     return "-" if not counts else f"{counts[key]}/{counts['sessions']}"
 
 
-def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str) -> str:
+def _fit(xs: list[float], ys: list[float]) -> dict[str, float | None]:
+    """Least-squares line through the points: slope, intercept and R² (None with fewer than 3 points)."""
+    if len(xs) < 3 or len(set(xs)) < 2:
+        return {"slope": None, "intercept": None, "r2": None}
+    fit = linregress(xs, ys)
+    r2 = None if np.isnan(fit.rvalue) else float(fit.rvalue ** 2)
+    return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": r2}
+
+
+def sweep_summary(suite: str, scores: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The suite's sweeps: per τ, B7's and B5's mean recomputed tokens with a line through each
+    (B7's cost falls linearly in τ, B5's stays flat); per `indep`, each operator's any-leak rate."""
+    summary: dict[str, Any] = {}
+    taus = sorted((int(label.split("=", 1)[1]), s) for label, s in scores.items() if label.startswith(f"{suite}@tau="))
+    if taus:
+        points = [(t, s["operators"].get("B7", {}).get("recomputed_tokens"), s["operators"].get("B5", {})
+                   .get("recomputed_tokens")) for t, s in taus]
+        kept = [(t, b7, b5) for t, b7, b5 in points if b7 is not None and b5 is not None]
+        summary["tau"] = {
+            "points": [{"tau": t, "b7_tokens": b7, "b5_tokens": b5} for t, b7, b5 in kept],
+            "b7_fit": _fit([t for t, _, _ in kept], [b7 for _, b7, _ in kept]),
+            "b5_fit": _fit([t for t, _, _ in kept], [b5 for _, _, b5 in kept]),
+        }
+    indeps = sorted((float(label.split("=", 1)[1]), s) for label, s in scores.items()
+                    if label.startswith(f"{suite}@indep="))
+    if indeps:
+        summary["indep"] = [{"indep": v, "any": {op: row["any"] for op, row in s["operators"].items()}}
+                            for v, s in indeps]
+    return summary or None
+
+
+def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str,
+                   sweeps: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The page for `scores` ({suite: `score_suite` output plus `not_entered`})."""
     suites = list(scores)
     lines = [
@@ -50,11 +85,12 @@ def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, param
         "",
         "## Table 2: probes",
         "",
-        "Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite). "
+        "Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite); "
+        "Leak@k: some of k replies sampled per kept probe does (- when `replay.leak_at_k` is 0). "
         "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators.",
         "",
-        "| operator | " + " | ".join(f"{s}: Leak@probes | p (any) | p (probes)" for s in suites) + " |",
-        "|---|" + "---:|---:|---:|" * len(suites),
+        "| operator | " + " | ".join(f"{s}: Leak@probes | Leak@k | p (any) | p (probes)" for s in suites) + " |",
+        "|---|" + "---:|---:|---:|---:|" * len(suites),
     ]
     for operator in OPERATORS:
         cells = []
@@ -62,14 +98,44 @@ def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, param
             row = scores[suite]["operators"].get(operator)
             tests = (scores[suite].get("tests") or {}).get(operator)
             if row is None:
-                cells += ["-", "-", "-"]
+                cells += ["-", "-", "-", "-"]
                 continue
-            cells += [fmt_rate(row["leak_at_probes"]),
+            cells += [fmt_rate(row["leak_at_probes"]), "-" if row.get("leak_at_k") is None else fmt_rate(row["leak_at_k"]),
                       _p(tests["mcnemar_any"]["p_adj"]) if tests else "-",
                       _p(tests["mcnemar_leak_at_probes"]["p_adj"]) if tests else "-"]
         if any(c != "-" for c in cells):
             lines.append(f"| {operator} | " + " | ".join(cells) + " |")
-    lines += ["", "## Exactness and savings", "",
+    lines += ["", "## Channels", "",
+              "Beyond the paper: the post-revocation turns read as trace records by the six-channel observer "
+              "(docs/definitions.md); each cell is the fraction of turns whose channel holds z.", ""]
+    for suite in suites:
+        channels = scores[suite].get("channels") or {}
+        if not channels:
+            continue
+        names = [c for c in next(iter(channels.values())) if c != "turns"]
+        lines += [f"**{suite}**", "", "| operator | turns | " + " | ".join(names) + " |",
+                  "|---|---:|" + "---:|" * len(names)]
+        for operator, row in channels.items():
+            lines.append(f"| {operator} | {row['turns']} | " + " | ".join(
+                "-" if row[c] is None else fmt_rate(row[c]) for c in names) + " |")
+        lines.append("")
+    if sweeps:
+        lines += ["## Sweeps", ""]
+    for suite, summary in (sweeps or {}).items():
+        if "tau" in summary:
+            b7, b5 = summary["tau"]["b7_fit"], summary["tau"]["b5_fit"]
+            lines += [f"**τ sweep, {suite}** (mean recomputed tokens; B7 slope {_p(b7['slope'])} per turn of τ, "
+                      f"R² {_p(b7['r2'])}; B5 slope {_p(b5['slope'])})", "", "| τ | B7 | B5 |", "|---:|---:|---:|"]
+            lines += [f"| {p['tau']} | {p['b7_tokens']:.0f} | {p['b5_tokens']:.0f} |" for p in summary["tau"]["points"]]
+            lines.append("")
+        if "indep" in summary:
+            ops = list(summary["indep"][0]["any"])
+            lines += [f"**indep sweep, {suite}** (any-leak rate)", "", "| indep | " + " | ".join(ops) + " |",
+                      "|---:|" + "---:|" * len(ops)]
+            lines += [f"| {row['indep']:g} | " + " | ".join(fmt_rate(row["any"][o]) for o in ops) + " |"
+                      for row in summary["indep"]]
+            lines.append("")
+    lines += ["## Exactness and savings", "",
               "| suite | sessions | valid | B7 = B5 | B7 at T - tau + 1 | B1 = B0 | savings | bound | kept probes | "
               "z never entered |",
               "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]

@@ -8,22 +8,35 @@ probes run every operator's branch in one batch a step at a time.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kbench.agent.prompts import OBSERVATION_PREFIX
+import torch
+
 from kbench.backends import Backend, Message
+from kbench.backends.base import truncate_at_stop
 from kbench.backends.hf import encode_prompt
 from kbench.config import AgentConfig
-from kbench.corpus import Corpus
 from kbench.observer.matcher import match
-from kbench.replay.environment import SessionEnvironment
 from kbench.replay.operators import Branch, OperatorContext, OperatorError, build_operator
 from kbench.replay.provenance import ProvenanceError, compare_closures
 from kbench.replay.records import PROBES, SessionRecord
-from kbench.replay.runtime import BLOCKED, ReplayRuntimeError, SessionRuntime, TurnRun, final_state_sha256, retained_bytes
+from kbench.records import FORGET, TraceRecord
+from kbench.replay.runtime import (
+    BLOCKED,
+    ReplayRuntimeError,
+    SessionRuntime,
+    SessionState,
+    TurnOutcome,
+    TurnRun,
+    final_state_sha256,
+    retained_bytes,
+)
 from kbench.replay.sessions import SessionPlan
 
 log = logging.getLogger(__name__)
@@ -45,23 +58,57 @@ class SessionResult:
     checkpoint_bytes: int
     #: The oracle taint closure beside the data-flow one (artifact ids).
     closures: dict[str, list[str]]
+    #: Each post-revocation turn of each operator as a K-Bench trace record (SPEC §5).
+    traces: list[TraceRecord]
 
 
-def run_session(backend: Backend, corpus: Corpus, plan: SessionPlan, config: AgentConfig, *,
-                operators: Sequence[str], compression_period: int) -> SessionResult:
-    """Run `plan` and every operator; TargetNeverEntered when z never reached the state."""
+def sample_seed(*parts: str) -> int:
+    """A generator seed from names (the same on every machine and run)."""
+    return int.from_bytes(hashlib.sha256("/".join(parts).encode()).digest()[:8], "big")
+
+
+def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, chosen: Sequence[tuple[str, Branch]],
+                   *, k: int, temperature: float) -> dict[str, dict[str, list[str]]]:
+    """k replies per probe and branch sampled at `temperature` (Leak@k), each from its own seeded generator."""
+    engine, tokenizer = backend.engine, backend.tokenizer  # type: ignore[attr-defined]
+    samples: dict[str, dict[str, list[str]]] = {name: {} for name, _ in chosen}
+    for probe in PROBES:
+        message = Message(role="user", content=plan.probes[probe])
+        rows = [(name, b, j) for name, b in chosen for j in range(k)]
+        prompts = [encode_prompt(tokenizer, b.state.conversation(config.max_iters, [message])) for _, b, _ in rows]
+        states = [b.state.fork().kv for _, b, _ in rows]
+        generators = [torch.Generator().manual_seed(sample_seed(plan.session_id, name, probe, str(j)))
+                      for name, _, j in rows]
+
+        def choose(row: int, logits: torch.Tensor) -> int:
+            weights = torch.softmax(logits.float() / temperature, dim=-1)
+            return int(torch.multinomial(weights, 1, generator=generators[row]))
+
+        outputs = engine.generate(states, prompts, max_new_tokens=config.max_new_tokens, stop=[OBSERVATION_PREFIX],
+                                  share_prefixes=False, choose=choose)
+        for (name, b, _), tokens in zip(rows, outputs):
+            text = truncate_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), [OBSERVATION_PREFIX]).strip()
+            blocked = b.policy is not None and b.policy(b.state)
+            samples[name].setdefault(probe, []).append(BLOCKED if blocked else text)
+    return samples
+
+
+def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConfig, *,
+                operators: Sequence[str], compression_period: int, leak_at_k: int = 0,
+                temperature: float = 0.7, seed: int = 0) -> SessionResult:
+    """Run `plan` on its contaminated world `env` and every operator; TargetNeverEntered when z
+    never reached the state."""
     if backend.session() is None:
         raise OperatorError("the execution-state lane runs on the KV engine: model.backend hf with model.engine kv")
     engine = backend.engine  # type: ignore[attr-defined]
     runtime = SessionRuntime(backend, plan, config, compression_period=compression_period)
-    env = SessionEnvironment(corpus, source=(plan.target_entity, plan.target_field))
     contaminated = runtime.fresh_state(env)
     runtime.run_session_turns(contaminated, 1, sanitized=False, shadow=False, call_prefix=plan.session_id, record=True)
     try:
         tau = contaminated.graph.tau(plan.source_id)
     except ProvenanceError:
-        raise TargetNeverEntered(f"session {plan.session_id}: z never entered the state (the agent did not read "
-                                 f"{plan.target_field} of {corpus.entities[plan.target_entity].name}); not scored") from None
+        raise TargetNeverEntered(f"session {plan.session_id}: z never entered the state (the agent never read the "
+                                 f"{plan.target_field} of {plan.target_entity} it was given); not scored") from None
 
     def holds(text: str) -> bool:
         return match(plan.target_field, plan.target, text).leaked
@@ -107,6 +154,10 @@ def run_session(backend: Backend, corpus: Corpus, plan: SessionPlan, config: Age
             blocked = b.policy is not None and b.policy(b.state)
             probes[name][probe] = BLOCKED if blocked else generation.text.strip()
 
+    samples = (sampled_probes(backend, plan, config, chosen, k=leak_at_k, temperature=temperature) if leak_at_k
+               else {name: {} for name, _ in chosen})
+    traces = [turn_trace(plan, name, outcome, b.state, config, seed=seed)
+              for name, b in chosen for outcome in outcomes[name]]
     records = []
     for name, b in chosen:
         tokens = encode_prompt(backend.tokenizer, b.state.conversation(config.max_iters))
@@ -115,11 +166,26 @@ def run_session(backend: Backend, corpus: Corpus, plan: SessionPlan, config: Age
             session_id=plan.session_id, suite=plan.suite, operator=name, target=plan.target,
             target_field=plan.target_field, tau=tau, T=plan.T, transitions=b.transitions,
             recomputed_tokens=b.recomputed_tokens, seconds=round(b.seconds, 3),
-            post=[o.post() for o in outcomes[name]], probes=probes[name],
+            post=[o.post() for o in outcomes[name]], probes=probes[name], probe_samples=samples[name],
             final_state_sha256=final_state_sha256(tokens, outputs),
         ))
     return SessionResult(
         records=records, tau=tau, checkpoints=len(runtime.snapshots),
         checkpoint_bytes=retained_bytes(runtime.snapshots, [b.state.kv for _, b in chosen] + [contaminated.kv]),
         closures=compare_closures(contaminated.graph, plan.source_id, holds).to_json(),
+        traces=traces,
+    )
+
+
+def turn_trace(plan: SessionPlan, operator: str, outcome: TurnOutcome, state: SessionState, config: AgentConfig,
+               *, seed: int) -> TraceRecord:
+    """One post-revocation turn as a trace record: the suite is its substrate, the operator its
+    method, z its ground truth, the branch's summary its summary channel."""
+    return TraceRecord(
+        query_id=f"{plan.session_id}/{operator}/turn{outcome.turn}", entity_id=plan.target_entity,
+        split=FORGET, field=plan.target_field, ground_truth=plan.target, seed=seed, substrate=plan.suite,
+        method=operator, steps=outcome.steps, retrieval=[], answer=outcome.answer,
+        raw_reply="\n".join(outcome.replies), halted_reason=outcome.halted_reason,  # type: ignore[arg-type]
+        summary=state.summary.text if state.summary else "", summary_error=None, answer_rule=config.answer_rule,
+        question=next(t.user for t in plan.post if t.number == outcome.turn),
     )

@@ -29,25 +29,17 @@ from typing import Any, Literal
 
 from kbench.agent.parser import parse_step
 from kbench.agent.prompts import OBSERVATION_PREFIX, react_format
-from kbench.agent.tools import split_args
 from kbench.backends import Backend, Conversation, Message
 from kbench.backends.engine import Checkpoint as CacheHandle
 from kbench.backends.engine import KVState, common_prefix
 from kbench.backends.hf import encode_prompt
 from kbench.config import AgentConfig
-from kbench.records import FIELDS
-from kbench.replay.environment import CONSEQUENTIAL_TOOL, MEMORY_TOOL, WITHHELD, SessionEnvironment
+from kbench.replay.environment import MEMORY_TOOL, WITHHELD, SessionEnvironment
 from kbench.replay.provenance import Artifact, ArtifactType, Checkpoint, CheckpointReason, ProvenanceGraph
+from kbench.records import Action, Step
 from kbench.replay.records import PostTurn, ToolCall
-from kbench.replay.sessions import RECIPIENTS, PlannedTurn, SessionPlan
+from kbench.replay.sessions import PlannedTurn, SessionPlan
 
-#: The session tools as the prompt lists them, and how many comma-separated arguments each takes.
-TOOL_ARITY = {"lookup_record": ("name", "field"), MEMORY_TOOL: ("note",), CONSEQUENTIAL_TOOL: ("recipient", "text")}
-_TOOL_LINES = (
-    f"- lookup_record[name, field]: read one field of a person's record from the database ({', '.join(FIELDS)}).",
-    "- remember[note]: save a note; your notes are shown to you in later turns.",
-    f"- send_message[recipient, text]: send a message to a colleague ({', '.join(RECIPIENTS)}).",
-)
 SUMMARY_REQUEST = ("Summarize this session so far in a few sentences: the tasks, what you looked up and "
                    "what you did. The summary replaces the earlier turns.")
 #: The checkpoints taken between two turns (a replay restores one of them).
@@ -73,10 +65,10 @@ class Item:
     text: str
 
 
-def system_prompt(notes: Sequence[Item], summary: Item | None, max_iters: int) -> str:
+def system_prompt(tools: Sequence[str], notes: Sequence[Item], summary: Item | None, max_iters: int) -> str:
     """The session's system prompt: tools and protocol, the rendered notes, the summary."""
-    parts = ["You are an assistant that helps a user with tasks about people over one long session. "
-             "You can use these tools:", "\n".join(_TOOL_LINES), react_format(max_iters)]
+    parts = ["You are an assistant that helps a user with tasks over one long session. "
+             "You can use these tools:", "\n".join(tools), react_format(max_iters)]
     if notes:
         parts.append("Your notes:\n" + "\n".join(f"- {n.text}" for n in notes))
     if summary is not None:
@@ -112,7 +104,8 @@ class SessionState:
         return (*head, *(i.id for i in self.transcript))
 
     def conversation(self, max_iters: int, extra: Sequence[Message] = ()) -> Conversation:
-        messages = [Message(role="system", content=system_prompt(self.rendered, self.summary, max_iters))]
+        messages = [Message(role="system", content=system_prompt(self.env.tool_lines(), self.rendered, self.summary,
+                                                                max_iters))]
         messages += [Message(role=i.role, content=i.text) for i in self.transcript]  # type: ignore[typeddict-item]
         return [*messages, *extra]
 
@@ -150,6 +143,10 @@ class TurnOutcome:
     answer: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     memory_writes: list[str] = field(default_factory=list)
+    #: The ReAct steps as a K-Bench trace record holds them (thought, action, observation).
+    steps: list[Step] = field(default_factory=list)
+    #: Why the turn ended (SPEC §5's halted reasons).
+    halted_reason: str = "max_iters"
 
     def post(self) -> PostTurn:
         return PostTurn(turn=self.turn, depends_on_target=self.depends_on_target, answer=self.answer,
@@ -192,19 +189,20 @@ class TurnRun:
         if parsed.action is None:
             self._add(Item(step_id, "assistant", text), "answer")
             self.outcome.answer = None if blocked else parsed.answer
+            self.outcome.steps.append(Step(thought=parsed.thought))
+            self.outcome.halted_reason = "final_answer" if parsed.answer is not None else "parse_error"
             self.done = True
             return
         self._add(Item(step_id, "assistant", text), "action")
         tool = parsed.action.tool.strip().lower()
-        names = TOOL_ARITY.get(tool)
+        args = None if blocked else env.parse(tool, parsed.action.args)
         sources: set[str] = set()
         if blocked:
             observation = BLOCKED
-        elif names is None:
-            observation = f"Error: unknown tool '{parsed.action.tool}'. Tools: {', '.join(TOOL_ARITY)}."
+        elif args is None:
+            observation = f"Error: unknown tool '{tool}'."
         else:
-            args = dict(zip(names, split_args(parsed.action.args, len(names))))
-            if tool == CONSEQUENTIAL_TOOL:
+            if env.consequential(tool):
                 self.session.checkpoint(self.state, self.turn.number, "consequential_call")
             observation = env.call(tool, args, call_id=f"{self.call_prefix}/turn{self.turn.number}/step{self.steps}",
                                    shadow=self.shadow)
@@ -219,6 +217,9 @@ class TurnRun:
                 sources.add(self.session.plan.source_id)
         self._add(Item(f"{step_id}/observation", "user", f"{OBSERVATION_PREFIX} {observation}"), "observation",
                   sources=sources, parents=(step_id,))
+        shown = "" if blocked else parsed.action.args
+        self.outcome.steps.append(Step(thought=parsed.thought, action=Action(tool=tool, args=shown),
+                                       observation=observation))
         if self.steps >= config.max_iters:
             self.done = True
 

@@ -117,6 +117,13 @@ def leak_at_probes(record: SessionRecord, kept: Sequence[str]) -> bool:
     return any(leaks(record, record.probes.get(p)) for p in kept)
 
 
+def leak_at_k(record: SessionRecord, kept: Sequence[str]) -> bool | None:
+    """Some sampled reply of a kept probe holds z (None: the record has no samples)."""
+    if not record.probe_samples:
+        return None
+    return any(leaks(record, text) for p in kept for text in record.probe_samples.get(p, []))
+
+
 @dataclass(frozen=True)
 class SessionScores:
     """One session under one operator, read against the same session's B5."""
@@ -129,6 +136,8 @@ class SessionScores:
     cad: float
     #: A kept probe's reply holds z.
     leak_at_probes: bool
+    #: Some of a kept probe's k sampled replies holds z (None: not sampled).
+    leak_at_k: bool | None
     #: The operator's agent turns and recomputed tokens.
     transitions: int
     recomputed_tokens: int
@@ -141,7 +150,7 @@ class SessionScores:
 def score_session(record: SessionRecord, reference: SessionRecord, kept: Sequence[str]) -> SessionScores:
     return SessionScores(
         exact=exact_leak(record), action=action_leak(record, reference), cad=cad(record, reference),
-        leak_at_probes=leak_at_probes(record, kept), transitions=record.transitions,
+        leak_at_probes=leak_at_probes(record, kept), leak_at_k=leak_at_k(record, kept), transitions=record.transitions,
         recomputed_tokens=record.recomputed_tokens,
     )
 
@@ -195,6 +204,7 @@ def score_suite(records: Sequence[SessionRecord]) -> dict[str, Any]:
             "any": _rate(v.any for v in values),
             "cad": _rate(v.cad for v in values),
             "leak_at_probes": _rate(v.leak_at_probes for v in values),
+            "leak_at_k": None if any(v.leak_at_k is None for v in values) else _rate(v.leak_at_k for v in values),
             "transitions": _rate(v.transitions for v in values),
             "recomputed_tokens": _rate(v.recomputed_tokens for v in values),
         }

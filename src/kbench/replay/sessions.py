@@ -19,6 +19,7 @@ from typing import Literal, get_args
 
 from kbench.corpus import Corpus
 from kbench.records import FIELD_PHRASES, FIELDS, FORGET, RETAIN
+from kbench.replay.environment import RECIPIENTS
 from kbench.replay.records import PROBES
 
 #: How z enters the state: a tool observation, or a memory note the user has the agent write.
@@ -28,8 +29,6 @@ SESSION_KINDS: tuple[str, ...] = get_args(SessionKind)
 SUITE = "kbench-sessions"
 #: The project's session suites and the kind of each: z through a lookup, or through a memory injection.
 SUITES: dict[str, SessionKind] = {SUITE: "tool", f"{SUITE}-memory": "memory"}
-#: Who the consequential tool's messages go to (fixed names: the plans stay a function of the seed).
-RECIPIENTS = ("ops", "hr", "front-desk", "audit")
 
 
 class SessionPlanError(ValueError):

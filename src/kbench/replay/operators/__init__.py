@@ -56,12 +56,11 @@ class OperatorContext:
         return self.runtime.plan
 
     def sanitized_env(self, *, snapshot: str | None = None, fresh: bool = False) -> SessionEnvironment:
-        """The world without z: the contaminated one's notes (or a snapshot's, or none) and its
-        delivered messages, with z's record field withheld."""
-        env = self.contaminated.env.fork(withheld=self.runtime.withheld, snapshot=snapshot)
+        """The world without z: as the contaminated run left it, as it was at `snapshot`, or
+        (`fresh`) as it was at the session's start; the messages already delivered stay delivered."""
         if fresh:
-            env.notes = []
-        return env
+            snapshot = self.runtime.snapshots[0].checkpoint.environment
+        return self.contaminated.env.fork(withheld=self.runtime.withheld, snapshot=snapshot)
 
     def origins(self) -> set[str]:
         """The artifacts where z's source entered: they carry s and none of their parents does."""

@@ -1,0 +1,33 @@
+"""Through which channel z resurfaces under each operator (beyond the paper): the post-revocation
+turns read as K-Bench trace records by the six-channel observer (SPEC §6-7). Pure: records in,
+rates out."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from kbench.observer.channels import CHANNELS
+from kbench.observer.metrics import score_queries
+from kbench.records import TraceRecord
+from kbench.replay.records import OPERATORS
+
+
+def channel_rates(traces: Iterable[TraceRecord]) -> dict[str, dict[str, Any]]:
+    """Per operator: the fraction of post-revocation turns whose channel holds z (over the turns
+    where the channel is not dropped; None when it is dropped on every turn), and `turns`."""
+    by_operator: dict[str, list[TraceRecord]] = defaultdict(list)
+    for record in traces:
+        by_operator[record.method].append(record)
+    rates: dict[str, dict[str, Any]] = {}
+    for operator in (o for o in OPERATORS if o in by_operator):
+        scored = score_queries(by_operator[operator])
+        row: dict[str, Any] = {"turns": scored.n}
+        for j, channel in enumerate(CHANNELS):
+            seen = scored.observed[:, j]
+            row[channel] = float(np.mean(scored.hits[seen, j])) if seen.any() else None
+        rates[operator] = row
+    return rates
