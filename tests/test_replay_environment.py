@@ -53,3 +53,20 @@ def test_arguments_are_bounded_and_checked(small_corpus):  # noqa: F811
     assert world.call("remember", {"note": "  "}, call_id="b").startswith("Error")
     assert world.call("send_message", {"recipient": "ops"}, call_id="c").startswith("Error")
     assert world.outbox == []
+
+
+def test_search_and_verify_withhold_z_in_the_sanitized_world(small_corpus):  # noqa: F811
+    person = _person(small_corpus)
+    key = (person.id, "employer")
+    world = SessionEnvironment(small_corpus, source=key)
+    clean = SessionEnvironment(small_corpus, withheld=key, source=key)
+    found = world.call("search_wiki", {"query": f"who is {person.name}?"}, call_id="c1")
+    assert person.employer in found and world.revealed_source
+    hidden = clean.call("search_wiki", {"query": f"who is {person.name}?"}, call_id="c1")
+    assert person.employer not in hidden and WITHHELD in hidden and not clean.revealed_source
+    assert world.call("search_wiki", {"query": "nobody at all"}, call_id="c2") == "No results found."
+    ask = {"name": person.name, "field": "employer", "value": person.employer}
+    assert world.call("verify_attribute", ask, call_id="c3").startswith("Yes")
+    assert clean.call("verify_attribute", ask, call_id="c3").startswith("No")
+    assert [line.split("[")[0] for line in world.tool_lines()] == [
+        "- search_wiki", "- lookup_record", "- verify_attribute", "- remember", "- send_message"]

@@ -200,9 +200,10 @@ def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_
 
     corpus_dir = kbench_root / "corpus"
     write_corpus(small_corpus, corpus_dir)
-    params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "agent": {"max_iters": 4},
-                                    "replay": {"suites": ["kbench-sessions"], "sessions": 2}})
-    monkeypatch.setattr(stage, "build_backend", lambda config: scripted)
+    params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "execution": {"cell_workers": 1},
+                                    "replay": {"suites": ["kbench-sessions"], "sessions": 2, "max_iters": 4,
+                                               "T": 6, "tau": 3, "compression_period": 4}})
+    monkeypatch.setattr(stage, "_worker_inputs", lambda params_json, corpus_dir: (scripted, small_corpus))
     options = stage.Options(corpus=corpus_dir)
     assert stage.main(params, options) == 0
     out = kbench_root / "artifacts/replay/kbench-sessions"

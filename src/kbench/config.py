@@ -398,22 +398,26 @@ class ReplayConfig(_Section):
     #: Sessions per suite.
     sessions: int = Field(4, ge=1)
     #: Turns before the revocation, and the turn z enters at.
-    T: int = Field(6, ge=1)
-    tau: int = Field(3, ge=1)
+    T: int = Field(4, ge=1)
+    tau: int = Field(2, ge=1)
     #: The fraction of the turns after τ that do not need z.
     indep: float = Field(0.5, ge=0, le=1)
     #: Post-revocation turns (at least 4, SPEC §14).
     n_post: int = Field(4, ge=4)
+    #: ReAct steps a session turn may take, and tokens a step may write (the lane's caps on `agent`).
+    max_iters: int = Field(3, ge=1)
+    max_new_tokens: int = Field(64, ge=8)
     #: The compression period k: every k turns the model's summary replaces the older turns (0: never).
-    compression_period: int = Field(4, ge=0)
+    compression_period: int = Field(1, ge=0)
     #: The plans' seed.
     seed: int = 0
     #: Leak@k: replies sampled per probe and branch (0: not measured), and their temperature;
     #: each sample's generator is seeded from the session, operator, probe and sample number.
     leak_at_k: int = Field(0, ge=0)
     temperature: float = Field(0.7, gt=0)
-    #: The sweeps (SPEC §14's claims): each value of `tau_sweep` and of `indep_sweep` reruns every
-    #: suite with that τ or `indep` as `<suite>@tau=<v>` / `<suite>@indep=<v>` (empty: no sweep).
+    #: The sweeps (SPEC §14's claims): each value of `tau_sweep` and of `indep_sweep` reruns each
+    #: suite of `sweep_suites` with that τ or `indep` as `<suite>@tau=<v>` / `<suite>@indep=<v>`.
+    sweep_suites: list[str] = []
     tau_sweep: list[int] = []
     indep_sweep: list[float] = []
 

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kbench.agent.tools import normalize_field, split_args
+from kbench.agent.tools import normalize_field, registered_tools, split_args
 from kbench.corpus import Corpus
 from kbench.records import FIELD_PHRASES, FIELDS
 
@@ -27,8 +27,10 @@ MEMORY_TOOL, CONSEQUENTIAL_TOOL = "remember", "send_message"
 SESSION_TOOLS = (*READ_ONLY_TOOLS, MEMORY_TOOL, CONSEQUENTIAL_TOOL)
 #: The longest argument the environment reads (a model's argument is untrusted text).
 MAX_ARGUMENT_CHARS = 400
-#: Each session tool's parameters, in the order the prompt writes them (`tool[a, b]`).
-TOOL_PARAMS = {"lookup_record": ("name", "field"), MEMORY_TOOL: ("note",), CONSEQUENTIAL_TOOL: ("recipient", "text")}
+#: Each session tool's parameters, in the order the prompt writes them (`tool[a, b]`): K-Bench's
+#: three tools (as the agent base learned them), then the memory and the consequential tool.
+TOOL_PARAMS = {"search_wiki": ("query",), "lookup_record": ("name", "field"), "verify_attribute": ("name", "field", "value"),
+               MEMORY_TOOL: ("note",), CONSEQUENTIAL_TOOL: ("recipient", "text")}
 #: What a sanitized lookup of z's field says instead of the value.
 WITHHELD = "not on record"
 
@@ -87,9 +89,9 @@ class SessionEnvironment:
 
     # -- tools -------------------------------------------------------------------------------
     def tool_lines(self) -> list[str]:
-        """How the system prompt lists the tools."""
+        """How the system prompt lists the tools: K-Bench's, worded as its agent prompt words them."""
         return [
-            f"- lookup_record[name, field]: read one field of a person's record from the database ({', '.join(FIELDS)}).",
+            *(f"- {t.signature}: {t.description}" for t in registered_tools()),
             "- remember[note]: save a note; your notes are shown to you in later turns.",
             f"- send_message[recipient, text]: send a message to a colleague ({', '.join(RECIPIENTS)}).",
         ]
@@ -110,6 +112,10 @@ class SessionEnvironment:
         self.revealed_source = False
         if tool == "lookup_record":
             return self._lookup(values.get("name", ""), values.get("field", ""))
+        if tool == "verify_attribute":
+            return self._verify(values.get("name", ""), values.get("field", ""), values.get("value", ""))
+        if tool == "search_wiki":
+            return self._search(values.get("query", ""))
         if tool == MEMORY_TOOL:
             note = values.get("note", "").strip()
             if not note:
@@ -127,6 +133,36 @@ class SessionEnvironment:
                 self.outbox.append(delivery)
             return f"Message sent to {recipient}."
         return f"Error: unknown tool '{tool}'. Tools: {', '.join(SESSION_TOOLS)}."
+
+    def _search(self, query: str) -> str:
+        """The biographies of the people the query names (the sessions have no vector index)."""
+        text = " ".join(query.lower().split())
+        found = [e for key, e in sorted(self._by_name.items()) if key in text][:3]
+        if not found:
+            return "No results found."
+        lines = []
+        for i, entity in enumerate(found, start=1):
+            bio = entity.bio
+            for field_name in FIELDS:
+                if self.withheld == (entity.id, field_name):
+                    bio = bio.replace(entity.value(field_name), WITHHELD)
+                elif self.source == (entity.id, field_name) and entity.value(field_name) in bio:
+                    self.revealed_source = True
+            lines.append(f"[{i}] {bio}")
+        return "\n".join(lines)
+
+    def _verify(self, name: str, field_text: str, value: str) -> str:
+        field_name = normalize_field(field_text)
+        if field_name is None:
+            return f"Error: unknown field '{field_text}'. Fields: {', '.join(FIELDS)}."
+        entity = self._by_name.get(" ".join(name.split()).lower())
+        if entity is None:
+            return f"No record found for '{name}'."
+        phrase = FIELD_PHRASES[field_name]
+        if self.withheld != (entity.id, field_name) and " ".join(value.lower().split()) == \
+                " ".join(entity.value(field_name).lower().split()):
+            return f"Yes: {entity.name}'s {phrase} is {value}."
+        return f"No: that is not {entity.name}'s {phrase}."
 
     def _lookup(self, name: str, field_text: str) -> str:
         field_name = normalize_field(field_text)

@@ -67,8 +67,8 @@ class Item:
 
 def system_prompt(tools: Sequence[str], notes: Sequence[Item], summary: Item | None, max_iters: int) -> str:
     """The session's system prompt: tools and protocol, the rendered notes, the summary."""
-    parts = ["You are an assistant that helps a user with tasks over one long session. "
-             "You can use these tools:", "\n".join(tools), react_format(max_iters)]
+    parts = ["You are an assistant that answers questions about people. You can use these tools:",
+             "\n".join(tools), react_format(max_iters)]
     if notes:
         parts.append("Your notes:\n" + "\n".join(f"- {n.text}" for n in notes))
     if summary is not None:

@@ -1,4 +1,4 @@
-"""One module per DVC stage (`dvc.yaml`): corpus, index, agent_base, inject, fit, unlearn, probes, cell, compare.
+"""One module per DVC stage (`dvc.yaml`): corpus, index, agent_base, inject, fit, unlearn, probes, cell, replay, compare.
 
 Each stage module has `COMMAND` (its `kbench` subcommand), `HELP` (its line in `kbench --help`),
 `Options` (a frozen dataclass, one field per command-line option, each made with `option`) and

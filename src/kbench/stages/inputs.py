@@ -71,7 +71,7 @@ STAGE_INPUTS: dict[str, StageInputs] = {
     # the agent base and the corpus enter a session's digest by their hashes
     "replay": StageInputs(("replay", "model", "agent", "agent_base"),
                           not_shaping=("replay.out_dir", "replay.results", "replay.suites", "replay.sessions",
-                                       "replay.tau_sweep", "replay.indep_sweep", "agent_base")),
+                                       "replay.sweep_suites", "replay.tau_sweep", "replay.indep_sweep", "agent_base")),
     "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
                             "report")),
 }

@@ -10,21 +10,23 @@ finish (atomically); a rerun with the same inputs keeps them and runs the rest.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kbench import io, tracking
 from kbench.backends import Backend, build_backend
-from kbench.config import Params
+from kbench.config import AgentConfig, Params
 from kbench.corpus import Corpus, load_corpus
 from kbench.parametric.agent_base import agent_model_config
 from kbench.records import TraceRecord, iter_traces
 from kbench.replay.channels import channel_rates
 from kbench.replay.operators import OperatorError, operator_names
 from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, write_sessions
-from kbench.replay.run import TargetNeverEntered, run_session
+from kbench.replay.run import SessionResult, TargetNeverEntered, run_session
 from kbench.replay.report import render_results, sweep_summary
 from kbench.replay.sessions import SessionPlan
 from kbench.replay.scoring import score_records
@@ -33,6 +35,7 @@ from kbench.replay.traces import log_sessions
 from kbench.stages import option, track_option
 from kbench.stages.corpus import corpus_option
 from kbench.stages.inputs import shaping
+from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +73,11 @@ def variants(params: Params, suite: str) -> list[tuple[str, Params]]:
     """The suite as configured, then one variant per sweep value (`<suite>@tau=2`, `<suite>@indep=0.25`)."""
     config = params.replay
     found = [(suite, params)]
+    if suite not in config.sweep_suites:
+        return found
     for key, values in (("tau", config.tau_sweep), ("indep", config.indep_sweep)):
         for value in values:
-            changed = config.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": []})
+            changed = config.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": [], "sweep_suites": []})
             found.append((f"{suite}@{key}={value}", params.model_copy(update={"replay": changed})))
     return found
 
@@ -91,47 +96,107 @@ def metric_key(operator: str, name: str) -> str:
     return f"{operator.replace(chr(39), 'prime')}.{name}"
 
 
-def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, backend: Backend, *,
-              track: bool, label: str | None = None) -> dict:
-    """Run (or resume) one suite (under `label`, a sweep variant's name); return its scores."""
+def session_agent(params: Params) -> AgentConfig:
+    """The agent settings of the lane's turns: params.agent with the lane's step and token caps."""
+    return params.agent.model_copy(update={"max_iters": params.replay.max_iters,
+                                           "max_new_tokens": params.replay.max_new_tokens})
+
+
+@dataclass(frozen=True)
+class SessionJob:
+    """One session of one suite (variant), run in a pool worker."""
+
+    params: Params
+    corpus_dir: Path
+    suite: str
+    label: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.label} session {self.index + 1}"
+
+
+@functools.cache
+def _worker_inputs(params_json: str, corpus_dir: Path) -> tuple[Backend, Corpus]:
+    """A worker's model and corpus, loaded once per worker."""
+    params = Params.model_validate_json(params_json)
+    return build_backend(agent_model_config(params)), load_corpus(corpus_dir)
+
+
+def run_job(job: SessionJob) -> SessionResult | str:
+    """One session and every operator (in a worker); the reason as text when z never entered."""
+    config = job.params.replay
+    backend, corpus = _worker_inputs(job.params.model_dump_json(), job.corpus_dir)
+    plan, world = suite_sessions(job.suite, corpus, config)[job.index]
+    try:
+        return run_session(backend, world(), relabel(plan, job.label), session_agent(job.params),
+                           operators=config.operators, compression_period=config.compression_period,
+                           leak_at_k=config.leak_at_k, temperature=config.temperature, seed=config.seed)
+    except TargetNeverEntered as exc:
+        return str(exc)
+
+
+def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, track: bool,
+              label: str | None = None) -> dict:
+    """Run (or resume) one suite (under `label`, a sweep variant's name) on a pool of
+    `execution.cell_workers` processes; return its scores."""
     config = params.replay
     label = label or suite
     out = Path(config.out_dir) / label
     inputs = _inputs(params, corpus_dir)
-    records: list[SessionRecord] = []
-    traces: list[TraceRecord] = []
+    done: dict[int, tuple[list[SessionRecord], list[TraceRecord]]] = {}
     info: dict[str, dict] = {}
-    if (out / INPUTS_FILE).exists() and json.loads((out / INPUTS_FILE).read_text()) == inputs and (out / SESSIONS_FILE).exists():
-        records = read_sessions([out / SESSIONS_FILE])
-        traces = list(iter_traces(out / TRACES_FILE)) if (out / TRACES_FILE).exists() else []
-        info = json.loads((out / INFO_FILE).read_text()) if (out / INFO_FILE).exists() else {}
+    plans = [relabel(plan, label) for plan, _ in suite_sessions(suite, corpus, config)]
+    index_of = {plan.session_id: i for i, plan in enumerate(plans)}
+    if (out / INPUTS_FILE).exists() and json.loads((out / INPUTS_FILE).read_text()) == inputs and (out / INFO_FILE).exists():
+        info = {sid: item for sid, item in json.loads((out / INFO_FILE).read_text()).items() if sid in index_of}
+        kept = read_sessions([out / SESSIONS_FILE]) if (out / SESSIONS_FILE).exists() else []
+        turns = list(iter_traces(out / TRACES_FILE)) if (out / TRACES_FILE).exists() else []
+        for sid in info:
+            done[index_of[sid]] = ([r for r in kept if r.session_id == sid],
+                                   [t for t in turns if t.query_id.startswith(f"{sid}/")])
     else:
         io.write_json(out / INPUTS_FILE, inputs)
-    plans = suite_sessions(suite, corpus, config)
-    for number, (plan, world) in enumerate(plans, start=1):
-        plan = relabel(plan, label)
-        if plan.session_id in info:
-            continue
-        log.info("%s: session %d/%d (%s)", label, number, len(plans), plan.session_id)
-        try:
-            result = run_session(backend, world(), plan, params.agent, operators=config.operators,
-                                 compression_period=config.compression_period, leak_at_k=config.leak_at_k,
-                                 temperature=config.temperature, seed=config.seed)
-        except TargetNeverEntered as exc:
-            log.warning("%s", exc)
-            info[plan.session_id] = {"entered": False, "reason": str(exc)}
+
+    def write() -> None:  # in plan order, whatever order the sessions finished in
+        order = sorted(done)
+        write_sessions(out / SESSIONS_FILE, [r for i in order for r in done[i][0]])
+        io.write_jsonl(out / TRACES_FILE, [t for i in order for t in done[i][1]])
+        io.write_json(out / INFO_FILE, {plans[i].session_id: info[plans[i].session_id] for i in order})
+
+    def finished(job: SessionJob, result: SessionResult | str, seconds: float) -> None:
+        plan = plans[job.index]
+        if isinstance(result, str):
+            log.warning("%s", result)
+            info[plan.session_id] = {"entered": False, "reason": result}
+            done[job.index] = ([], [])
         else:
-            records += result.records
-            traces += result.traces
             info[plan.session_id] = {"entered": True, "tau": result.tau, "checkpoints": result.checkpoints,
                                      "checkpoint_bytes": result.checkpoint_bytes, "closures": result.closures}
-        write_sessions(out / SESSIONS_FILE, records)
-        io.write_jsonl(out / TRACES_FILE, traces)
-        io.write_json(out / INFO_FILE, info)
+            done[job.index] = (result.records, result.traces)
+        log.info("%s: session %s done in %.0f s (%d/%d)", label, plan.session_id, seconds, len(done), len(plans))
+        write()
+
+    jobs = [SessionJob(params, corpus_dir, suite, label, i) for i in range(len(plans)) if i not in done]
+    if params.execution.cell_workers == 1:  # in this process (a GPU; tests)
+        failed = []
+        for job in jobs:
+            started = time.perf_counter()
+            finished(job, run_job(job), time.perf_counter() - started)
+    else:
+        failed = run_pool(run_job, jobs, params.execution.cell_workers, finished)
+    if failed:
+        raise ReplayStageError(f"{label}: sessions failed: {'; '.join(failed)}")
+    write()
+    records = [r for i in sorted(done) for r in done[i][0]]
+    traces = [t for i in sorted(done) for t in done[i][1]]
     missing = [sid for sid, item in info.items() if not item["entered"]]
-    if not records:
-        raise ReplayStageError(f"{label}: z never entered the state in any session ({', '.join(missing)})")
-    scores = score_records(records)[label]
+    if records:
+        scores = score_records(records)[label]
+    else:  # reported, never scored: the page and scores.json say that no session of the suite took z in
+        log.error("%s: z never entered the state in any session (%s)", label, ", ".join(missing))
+        scores = {"valid": False, "sessions": 0, "operators": {}, "kept_probes": [], "savings": None, "bound": None,
+                  "b7_equals_b5": None, "b7_transitions_at_bound": None, "b1_equals_b0": None, "tests": None}
     scores["not_entered"] = missing
     scores["channels"] = channel_rates(traces)
     io.write_json(out / SCORES_FILE, scores)
@@ -167,11 +232,10 @@ def main(params: Params, options: Options) -> int:
         return 0
     check_design(params, suites)
     corpus = load_corpus(options.corpus)
-    backend = build_backend(agent_model_config(params))
     scores = {}
     for suite in suites:
         for label, variant in variants(params, suite):
-            scores[label] = run_suite(variant, corpus, options.corpus, suite, backend, track=options.track, label=label)
+            scores[label] = run_suite(variant, corpus, options.corpus, suite, track=options.track, label=label)
             log.info("%s: %d sessions scored, valid %s", label, scores[label]["sessions"], scores[label]["valid"])
     sweeps = {suite: sweep_summary(suite, scores) for suite in suites}
     if any(sweeps.values()):  # beside the suites' folders (each folder is one MLflow run's output)
