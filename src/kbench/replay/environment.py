@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kbench.agent.tools import normalize_field, registered_tools, split_args
 from kbench.corpus import Corpus
@@ -151,13 +152,21 @@ class SessionEnvironment:
             lines.append(f"[{i}] {bio}")
         return "\n".join(lines)
 
-    def _verify(self, name: str, field_text: str, value: str) -> str:
+    def _record(self, name: str, field_text: str) -> tuple[Any, str] | str:
+        """The named person and the normalized field, or the observation saying why not."""
         field_name = normalize_field(field_text)
         if field_name is None:
             return f"Error: unknown field '{field_text}'. Fields: {', '.join(FIELDS)}."
         entity = self._by_name.get(" ".join(name.split()).lower())
         if entity is None:
             return f"No record found for '{name}'."
+        return entity, field_name
+
+    def _verify(self, name: str, field_text: str, value: str) -> str:
+        found = self._record(name, field_text)
+        if isinstance(found, str):
+            return found
+        entity, field_name = found
         phrase = FIELD_PHRASES[field_name]
         if self.withheld != (entity.id, field_name) and " ".join(value.lower().split()) == \
                 " ".join(entity.value(field_name).lower().split()):
@@ -165,12 +174,10 @@ class SessionEnvironment:
         return f"No: that is not {entity.name}'s {phrase}."
 
     def _lookup(self, name: str, field_text: str) -> str:
-        field_name = normalize_field(field_text)
-        if field_name is None:
-            return f"Error: unknown field '{field_text}'. Fields: {', '.join(FIELDS)}."
-        entity = self._by_name.get(" ".join(name.split()).lower())
-        if entity is None:
-            return f"No record found for '{name}'."
+        found = self._record(name, field_text)
+        if isinstance(found, str):
+            return found
+        entity, field_name = found
         value = WITHHELD if self.withheld == (entity.id, field_name) else entity.value(field_name)
         self.revealed_source = self.source == (entity.id, field_name) and value != WITHHELD
         return f"{entity.name}'s {FIELD_PHRASES[field_name]}: {value}"

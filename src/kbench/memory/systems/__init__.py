@@ -1,0 +1,124 @@
+"""The memory systems under test (SPEC §15), behind one interface, one registered file each.
+
+A system is fed the dialogue turn by turn (`write`), told when a session ends, and answers
+questions from what it keeps (`contexts`: the prompt each question is answered from; the
+answers of one version are decoded in one batch). A forget request is a user turn like any
+other: the system handles it with its own primitives. `failures` counts memory operations the
+model did not produce in a readable form (reported, never a crash). `kbench list memory-systems`
+shows the registered ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from kbench.backends import Backend, Conversation, Message
+from kbench.memory.instances import Instance, Turn
+from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
+from kbench.registry import Registry
+
+#: What every system's answering prompt starts with.
+ASSISTANT = "You are a personal assistant. Answer the user's question briefly, from what you know about them."
+
+
+class MemorySystemError(ValueError):
+    """An unknown memory system, or one that cannot run here."""
+
+
+class MemorySystem(ABC):
+    """One way of keeping a user's facts across sessions."""
+
+    name: ClassVar[str]
+
+    def __init__(self, backend: Backend, *, max_new_tokens: int = 48) -> None:
+        self.backend = backend
+        self.max_new_tokens = max_new_tokens
+        #: Memory operations the model wrote in no readable form.
+        self.failures = 0
+
+    @abstractmethod
+    def write(self, turn: Turn, *, day: str) -> None:
+        """Take in one turn of the dialogue."""
+
+    def end_session(self, day: str) -> None:
+        """A session is over (a system that consolidates does it here)."""
+
+    @abstractmethod
+    def contexts(self, questions: Sequence[str]) -> list[Conversation]:
+        """The prompt each question is answered from."""
+
+    def memory(self) -> str:
+        """What the system keeps, as text (the trace's view of its memory)."""
+        return ""
+
+    def generate(self, conversations: Sequence[Conversation], max_new_tokens: int | None = None) -> list[str]:
+        out = self.backend.generate(conversations, stop=[], max_new_tokens=max_new_tokens or self.max_new_tokens)
+        return [g.text.strip() for g in out]
+
+    def answer(self, questions: Sequence[str]) -> list[str]:
+        return self.generate(self.contexts(questions)) if questions else []
+
+
+def ask(system_prompt: str, question: str) -> Conversation:
+    return [Message(role="system", content=system_prompt), Message(role="user", content=question)]
+
+
+_SYSTEMS: Registry[type[MemorySystem]] = Registry("memory system", MemorySystemError)
+
+
+def register_memory_system(name: str) -> Callable[[type[MemorySystem]], type[MemorySystem]]:
+    def decorate(cls: type[MemorySystem]) -> type[MemorySystem]:
+        cls.name = name
+        _SYSTEMS.add(name, cls)
+        return cls
+
+    return decorate
+
+
+def _load() -> None:
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def memory_system_names() -> list[str]:
+    _load()
+    return _SYSTEMS.names()
+
+
+def memory_system_class(name: str) -> type[MemorySystem]:
+    _load()
+    return _SYSTEMS.get(name)
+
+
+def feed(system: MemorySystem, instance: Instance, version: str) -> MemorySystem:
+    """The instance's dialogue in `version`, turn by turn, session by session."""
+    sessions = instance.forget if version == FORGET_VERSION else instance.control
+    for session in sessions:
+        for turn in session.turns:
+            system.write(turn, day=session.date)
+        system.end_session(session.date)
+    return system
+
+
+def run_instance(make: Callable[[], MemorySystem], instance: Instance) -> tuple[list[ItemRecord], int]:
+    """Every probe of the instance answered by a fresh system per version; the item records and
+    the memory operations the model failed to write."""
+    items: list[ItemRecord] = []
+    failures = 0
+    for version in (CONTROL_VERSION, FORGET_VERSION):
+        probes = [p for p in instance.probes if p.version == version]
+        system = feed(make(), instance, version)
+        replies = system.answer([p.question for p in probes])
+        items += [p.item(instance, system.name, reply) for p, reply in zip(probes, replies)]
+        failures += system.failures
+    order = {p.probe_id + p.suite + p.version + (p.attack or ""): i for i, p in enumerate(instance.probes)}
+    items.sort(key=lambda r: order[r.probe_id + r.suite + r.version + (r.attack or "")])
+    return items, failures
+
+
+__all__ = ["ASSISTANT", "MemorySystem", "MemorySystemError", "ask", "feed", "memory_system_class",
+           "memory_system_names", "register_memory_system", "run_instance"]

@@ -1,0 +1,78 @@
+"""The memory systems behind one interface: the fact store's operations parsed as data (a line
+that is none is counted, SQL text is stored as text), every registered system fed an instance
+and asked every probe, and their item records read by the scorer."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import date
+
+import pytest
+
+from kbench.backends import Backend, Conversation, Generation
+from kbench.backends.base import Request
+from kbench.memory.instances import make_instances
+from kbench.memory.records import SUITES
+from kbench.memory.scoring import score_records
+from kbench.memory.systems import MemorySystemError, memory_system_class, memory_system_names, run_instance
+from kbench.memory.systems.fact_store import FactStore
+
+from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+
+_STATED = re.compile(r"my ([a-z' ]+?) is ([^.\n]+)")
+
+
+class EchoBackend(Backend):
+    """Answers "What is my X?" with the last value of X its prompt states ("my X is V", or a
+    stored fact of that form); writes each stated fact as an ADD operation and each summary as
+    the facts it has seen."""
+
+    name, has_weights = "echo", False
+
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
+        out = []
+        for conversation in conversations:
+            text = "\n".join(m["content"] for m in conversation[:-1])
+            last = conversation[-1]["content"]
+            facts = dict(_STATED.findall(text + "\n" + last))
+            if last.endswith("Operations:"):
+                said = re.search(r'The user says: "(.*)"', last)
+                stated = _STATED.findall(said[1]) if said else []
+                out.append(Generation("\n".join(f"ADD my {k} is {v}" for k, v in stated) or "NONE"))
+            elif "The updated summary:" in last:
+                out.append(Generation("\n".join(f"my {k} is {v}." for k, v in facts.items())))
+            else:
+                asked = re.search(r"my ([a-z' ]+?)\??$", last.strip())
+                value = facts.get(asked[1]) if asked else None
+                out.append(Generation(value or "I don't know."))
+        return out
+
+
+def test_fact_store_operations_are_data():
+    store = FactStore(EchoBackend())
+    store.apply("ADD my hobby is chess\nADD x'); DROP TABLE facts; --\nUPDATE 1 my hobby is golf\nnonsense\nNONE")
+    assert [text for _, text in store.facts()] == ["my hobby is golf", "x'); DROP TABLE facts; --"]
+    assert store.failures == 1
+    store.apply("DELETE 2")
+    assert [i for i, _ in store.facts()] == [1]
+    store.apply("")
+    assert store.failures == 2  # an empty reply is no operation either
+
+
+@pytest.mark.parametrize("name", ["full-context", "naive-rag", "summary-memory", "fact-store"])
+def test_every_system_answers_every_probe_and_is_scored(small_corpus, name):  # noqa: F811
+    (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
+    backend = EchoBackend()
+    items, failures = run_instance(lambda: memory_system_class(name)(backend), instance)
+    assert len(items) == len(instance.probes) and {i.system for i in items} == {name}
+    assert failures == 0
+    scores = score_records(items)[name]
+    assert set(SUITES) <= set(scores.metrics)
+    assert scores.metrics["RA"].value > 0.5  # the control version's facts are answered
+
+
+def test_unknown_systems_are_answered_with_the_registered_ones():
+    assert {"full-context", "naive-rag", "summary-memory", "fact-store"} <= set(memory_system_names())
+    with pytest.raises(MemorySystemError, match="unknown memory system 'mem1'; registered:"):
+        memory_system_class("mem1")
