@@ -9,6 +9,9 @@ to core code, and an unknown name is answered with the registered ones.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Collection, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -44,3 +47,11 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def import_submodules(package: str, path: Iterable[str], *, skip: Collection[str] = ()) -> None:
+    """Import every module of `package` (at `path`, its `__path__`) but those named in `skip`:
+    each registers its entries when imported."""
+    for module in pkgutil.iter_modules(path):
+        if module.name not in skip:
+            importlib.import_module(f"{package}.{module.name}")

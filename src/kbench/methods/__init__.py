@@ -10,7 +10,6 @@ a method touches no other file (docs/methods.md, "Adding a method"):
 """
 
 import importlib
-import pkgutil
 from importlib.metadata import entry_points
 
 from kbench.methods.base import (
@@ -31,13 +30,13 @@ from kbench.methods.base import (
     register_method,
     unregister_method,
 )
+from kbench.registry import import_submodules
 
 #: The entry-point group a distribution names its method modules in.
 ENTRY_POINT_GROUP = "kbench.methods"
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in {"base", "activation", "fitting", "residual", "unlearning"}:  # the interface and shared helpers
-        importlib.import_module(f"{__name__}.{_module.name}")
+# every method module but the interface and the shared helpers
+import_submodules(__name__, __path__, skip={"base", "activation", "fitting", "residual", "unlearning"})
 
 
 def load_plugins() -> list[str]:

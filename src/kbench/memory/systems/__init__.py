@@ -10,8 +10,6 @@ shows the registered ones.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -19,7 +17,7 @@ from typing import ClassVar
 from kbench.backends import Backend, Conversation, Message
 from kbench.memory.instances import Instance, Turn
 from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
-from kbench.registry import Registry
+from kbench.registry import Registry, import_submodules
 
 #: What every system's answering prompt starts with.
 ASSISTANT = "You are a personal assistant. Answer the user's question briefly, from what you know about them."
@@ -80,8 +78,8 @@ def register_memory_system(name: str) -> Callable[[type[MemorySystem]], type[Mem
 
 
 def _load() -> None:
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Import every module of this package (each registers its entry)."""
+    import_submodules(__name__, __path__)
 
 
 def memory_system_names() -> list[str]:

@@ -9,15 +9,13 @@ with a class decorated by `register_operator`; `kbench replay operators` lists t
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from kbench.backends.hf import encode_prompt
-from kbench.registry import Registry
+from kbench.registry import Registry, import_submodules
 from kbench.replay.environment import SessionEnvironment
 from kbench.replay.records import OPERATORS
 from kbench.replay.runtime import SessionRuntime, SessionState, SinkPolicy
@@ -127,9 +125,8 @@ def operator_class(name: str) -> type[Operator]:
 
 
 def _load() -> None:
-    """Import every module of this package (each registers its operator)."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Import every module of this package (each registers its entry)."""
+    import_submodules(__name__, __path__)
 
 
 __all__ = ["Branch", "Operator", "OperatorContext", "OperatorError", "build_operator", "operator_class",
