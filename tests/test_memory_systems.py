@@ -64,7 +64,8 @@ def test_fact_store_operations_are_data():
 def test_every_system_answers_every_probe_and_is_scored(small_corpus, name):  # noqa: F811
     (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
     backend = EchoBackend()
-    items, failures = run_instance(lambda: memory_system_class(name)(backend), instance)
+    run = run_instance(lambda: memory_system_class(name)(backend), instance)
+    items, failures = run.items, run.failures
     assert len(items) == len(instance.probes) and {i.system for i in items} == {name}
     assert failures == 0
     scores = score_records(items)[name]
@@ -76,3 +77,39 @@ def test_unknown_systems_are_answered_with_the_registered_ones():
     assert {"full-context", "naive-rag", "summary-memory", "fact-store"} <= set(memory_system_names())
     with pytest.raises(MemorySystemError, match="unknown memory system 'mem1'; registered:"):
         memory_system_class("mem1")
+
+
+def test_the_counterfactual_dialogue_drops_exactly_the_requested_facts(small_corpus):  # noqa: F811
+    from kbench.memory.instances import counterfactual_sessions
+
+    (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
+    rebuilt = counterfactual_sessions(instance)
+    said = [t.content for s in rebuilt for t in s.turns if t.role == "user"]
+    text = "\n".join(said)
+    replace = next(r for r in instance.requests if r.type == "F6")
+    for request in instance.requests:
+        assert request.text not in said
+        for kind in request.fields:
+            if kind in ("age", "city"):
+                continue  # F4's fact was never stated
+            assert f"is {instance.profile[kind]}." not in text, (request.type, kind)
+    assert f"is {replace.new_value}." in text  # F6's new truth stays, as a plain statement
+    assert all(r.relearn_text in said for r in instance.requests if r.relearn_text)
+    for kind in ("favorite_color", "car"):  # what no request touches
+        assert f"is {instance.profile[kind]}." in text
+    assert [len(s.turns) % 2 for s in rebuilt] == [0] * len(rebuilt)  # every user turn keeps its reply
+    assert [t.role for s in rebuilt for t in s.turns][::2] == ["user"] * (sum(len(s.turns) for s in rebuilt) // 2)
+
+
+def test_the_reference_forgets_what_was_asked_and_keeps_the_rest(small_corpus):  # noqa: F811
+    (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
+    backend = EchoBackend()
+    scores = score_records(run_instance(lambda: memory_system_class("reference")(backend), instance).items)
+    full = score_records(run_instance(lambda: memory_system_class("full-context")(backend), instance).items)
+    assert scores["reference"].metrics["PR"].value == 1.0
+    assert scores["reference"].metrics["FE"].value > full["full-context"].metrics["FE"].value
+
+
+def test_mem0_without_an_endpoint_is_one_clear_error():
+    with pytest.raises(MemorySystemError, match="mem0 needs an OpenAI-compatible endpoint"):
+        memory_system_class("mem0")(EchoBackend())

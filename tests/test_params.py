@@ -55,7 +55,7 @@ def test_cpu_full_preset_runs_every_method_with_power_and_two_seeds():
     assert {K_REF_INF, K_REF, K_SUP, MF} <= set(reachable_classes(lowest, full.scoring))
     # Nothing else differs from the CPU default, the methods' sections included.
     changed = {k for k, v in full.model_dump().items() if default.model_dump()[k] != v}
-    assert changed <= {"seeds", "queries", "p_recipes", "report", "replay"}
+    assert changed <= {"seeds", "queries", "p_recipes", "report", "replay", "memory"}
 
 
 def test_paper_preset_is_paper_scale():

@@ -432,6 +432,52 @@ class ReplayConfig(_Section):
         return self
 
 
+class MemoryConfig(_Section):
+    """`memory`: the memory-unlearning lane (SPEC §15, stages `memory_instances`, `memory`,
+    `memory_report`, `kbench.memory`; docs/memory.md)."""
+
+    #: The instances file the lane runs (JSON Lines, one instance a line: inspect it or edit it).
+    instances: str = "artifacts/memory-instances.jsonl"
+    #: Null: the instances are generated from the corpus; a path: that file's instances are run
+    #: instead (checked line by line).
+    source: str | None = None
+    #: Each system's items, scores and MLflow output, in `<out_dir>/<system>/`.
+    out_dir: str = "artifacts/memory"
+    #: The lane's results page (written by `memory_report`).
+    results: str = "docs/results-memory.md"
+    #: The memory systems run (`kbench list memory-systems`): the stage's matrix.
+    systems: list[str] = ["full-context", "naive-rag", "summary-memory", "fact-store", "mem0", "reference"]
+    #: Generated instances per length tier (short, medium, long, xlong).
+    per_tier: dict[str, int] = {"short": 2, "medium": 1, "long": 0, "xlong": 0}
+    #: The instances' seed.
+    seed: int = 0
+    #: Tokens an answer to a probe may take.
+    max_new_tokens: int = Field(48, ge=8)
+    #: The cluster bootstrap over instances: resamples (B), seed, level.
+    resamples: int = Field(1000, ge=1)
+    bootstrap_seed: int = 0
+    level: float = Field(0.95, gt=0, lt=1)
+    #: The OpenAI-compatible endpoint `mem0` makes its LLM calls to; null: a llama.cpp server the
+    #: stage starts on 127.0.0.1 over the agent base (converted to GGUF once) and stops after.
+    llm_base_url: str | None = None
+    #: The model name sent to `llm_base_url` (null: the served file's name).
+    llm_model: str | None = None
+    #: Tokens a memory operation of `mem0` may take.
+    llm_max_tokens: int = Field(256, ge=16)
+    #: The context of the server the stage starts: Mem0's extraction prompt alone is about 8,600
+    #: tokens, past SmolLM2's 8,192 trained positions, so the server extends them with YaRN.
+    llm_context: int = Field(16384, ge=2048)
+
+    @model_validator(mode="after")
+    def _tiers(self) -> MemoryConfig:
+        unknown = sorted(set(self.per_tier) - {"short", "medium", "long", "xlong"})
+        if unknown:
+            raise ValueError(f"memory.per_tier: unknown length tier(s) {unknown}; tiers: short, medium, long, xlong")
+        if any(n < 0 for n in self.per_tier.values()):
+            raise ValueError("memory.per_tier: counts must be at least 0")
+        return self
+
+
 class ExecutionConfig(_Section):
     """How stages use the machine; nothing here changes a result."""
 
@@ -494,6 +540,7 @@ class Params(_Section):
     unlearning: UnlearningConfig = UnlearningConfig()
     probes: ProbesConfig = ProbesConfig()
     replay: ReplayConfig = ReplayConfig()
+    memory: MemoryConfig = MemoryConfig()
     execution: ExecutionConfig = ExecutionConfig()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()

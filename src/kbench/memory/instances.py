@@ -330,6 +330,32 @@ def make_instances(corpus: Corpus, *, per_tier: dict[str, int], seed: int, refer
     return instances
 
 
+def counterfactual_sessions(instance: Instance) -> list[Session]:
+    """The forget version rebuilt as if the requested facts had never been told (SPEC §14's exact
+    forgetting, for memory): each statement of a fact a request names and each request are
+    dropped with their reply; an F6 request becomes a plain statement of its new value; the
+    relearning statements stay."""
+    dropped = {_statement(kind, instance.profile[kind]) for r in instance.requests for kind in r.fields
+               if kind in instance.profile}
+    replaced = {r.text: (_statement(r.fields[0], r.new_value) if r.type == REPLACE else None)
+                for r in instance.requests}
+    sessions = []
+    for session in instance.forget:
+        turns: list[Turn] = []
+        for i, turn in enumerate(session.turns):
+            said = session.turns[i - 1].content if turn.role == "assistant" and i else None
+            if turn.role == "user" and turn.content in replaced and replaced[turn.content]:
+                turns.append(Turn(role="user", content=replaced[turn.content]))
+            elif turn.role == "user" and (turn.content in dropped or turn.content in replaced):
+                continue
+            elif said is not None and (said in dropped or (said in replaced and not replaced[said])):
+                continue  # the reply to a dropped turn
+            else:
+                turns.append(turn)
+        sessions.append(Session(date=session.date, turns=turns))
+    return sessions
+
+
 def write_instances(path: str | Path, instances: Iterable[Instance]) -> Path:
     """Instances as JSON Lines, written atomically."""
     return io.write_jsonl(path, instances)

@@ -1,4 +1,5 @@
-"""One module per DVC stage (`dvc.yaml`): corpus, index, agent_base, inject, fit, unlearn, probes, cell, replay, compare.
+"""One module per DVC stage (`dvc.yaml`): corpus, index, agent_base, inject, fit, unlearn, probes, cell, replay,
+memory_instances, memory, memory_report, compare.
 
 Each stage module has `COMMAND` (its `kbench` subcommand), `HELP` (its line in `kbench --help`),
 `Options` (a frozen dataclass, one field per command-line option, each made with `option`) and

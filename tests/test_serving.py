@@ -1,0 +1,73 @@
+"""llama.cpp's server for real: the default model converted to GGUF by llama.cpp's converter,
+served on 127.0.0.1, answering Mem0's JSON-object requests, running the `mem0` memory system on
+one instance and stopped afterwards; a file that is no model and an endpoint that does not
+answer are one clear error each."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.parse
+from datetime import date
+
+import pytest
+
+from kbench.serving import ServingError, check_endpoint, llama_server, to_gguf
+
+from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module")
+def served(default_model, tmp_path_factory):
+    gguf = to_gguf(default_model, tmp_path_factory.mktemp("gguf") / "model.gguf")
+    with llama_server(gguf, alias="smol", threads=2, n_ctx=16384, trained_ctx=8192) as base_url:
+        yield base_url
+    port = urllib.parse.urlsplit(base_url).port
+    with socket.socket() as probe:  # stopped: nothing listens there any more
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
+def test_the_server_answers_json_objects_on_loopback(served):
+    from openai import OpenAI
+
+    assert urllib.parse.urlsplit(served).hostname == "127.0.0.1"
+    check_endpoint(served)
+    reply = OpenAI(base_url=served, api_key="local").chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "List two colors as JSON."}], max_tokens=40,
+        temperature=0.0, response_format={"type": "json_object"})
+    text = reply.choices[0].message.content
+    assert isinstance(json.loads(text) if reply.choices[0].finish_reason == "stop" else {}, dict)
+
+
+@pytest.mark.slow
+def test_mem0_runs_an_instance_through_the_server(served, default_model, small_corpus):  # noqa: F811
+    from kbench.backends import build_backend
+    from kbench.config import ModelConfig
+    from kbench.memory import make_instances
+    from kbench.memory.systems import LlmEndpoint, memory_system_class, run_instance
+
+    (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
+    backend = build_backend(ModelConfig(path=str(default_model)))
+    endpoint = LlmEndpoint(served, "smol", 128)
+    run = run_instance(lambda: memory_system_class("mem0")(backend, endpoint=endpoint), instance)
+    assert len(run.items) == len(instance.probes) and {i.system for i in run.items} == {"mem0"}
+    assert set(run.memories) == {"control", "forget"} and run.failures >= 0
+    # Mem0's prompt is dated by the session, not the wall clock: today's date appears in no memory
+    assert date.today().isoformat() not in "\n".join(run.memories.values())
+
+
+def test_a_file_that_is_no_model_and_a_silent_endpoint_are_one_line_each(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ServingError, match=r"cannot convert .* to GGUF: "):
+        to_gguf(tmp_path, tmp_path / "x.gguf")
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a gguf file")
+    with pytest.raises(ServingError, match=r"llama.cpp's server exited at start"):
+        with llama_server(bogus, alias="x", threads=1):
+            pass
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(ServingError, match=rf"the endpoint http://127.0.0.1:{port}/v1 does not answer"):
+        check_endpoint(f"http://127.0.0.1:{port}/v1")
