@@ -1,27 +1,31 @@
-"""`full-context`: the whole dialogue, every session, stays in the prompt; forgetting is left to
-the model reading the requests in it."""
+"""`full-context`: the whole dialogue, every session, stays in the prompt as a dated transcript;
+forgetting is left to the model reading the requests in it. The transcript sits in the system
+prompt rather than as chat turns: as turns, a small model answers by repeating the dialogue's
+own assistant replies instead of reading it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kbench.backends import Conversation, Message
+from kbench.backends import Conversation
 from kbench.memory.instances import Turn
-from kbench.memory.systems import ASSISTANT, MemorySystem, register_memory_system
+from kbench.memory.systems import ASSISTANT, MemorySystem, ask, register_memory_system
+
+_SPEAKER = {"user": "User", "assistant": "Assistant"}
 
 
 @register_memory_system("full-context")
 class FullContext(MemorySystem):
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
-        self.turns: list[Message] = []
+        self.lines: list[str] = []
 
     def write(self, turn: Turn, *, day: str) -> None:
-        self.turns.append(Message(role=turn.role, content=turn.content))
+        self.lines.append(f"[{day}] {_SPEAKER[turn.role]}: {turn.content}")
 
     def contexts(self, questions: Sequence[str]) -> list[Conversation]:
-        head = [Message(role="system", content=ASSISTANT), *self.turns]
-        return [[*head, Message(role="user", content=q)] for q in questions]
+        transcript = "\n".join(self.lines)
+        return [ask(f"{ASSISTANT}\n\nYour conversations with the user so far:\n{transcript}", q) for q in questions]
 
     def memory(self) -> str:
-        return "\n".join(m["content"] for m in self.turns if m["role"] == "user")
+        return "\n".join(self.lines)
