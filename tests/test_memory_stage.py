@@ -24,9 +24,9 @@ def lane(kbench_root, small_corpus, tiny_model_dir, monkeypatch):  # noqa: F811
 
     corpus_dir = kbench_root / "corpus"
     write_corpus(small_corpus, corpus_dir)
-    params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)},
+    params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "execution": {"cell_workers": 1},
                                     "memory": {"systems": SYSTEMS, "per_tier": {"short": 2}, "resamples": 50}})
-    monkeypatch.setattr(stage, "build_backend", lambda config: EchoBackend())
+    monkeypatch.setattr(stage, "_worker_backend", lambda params_json: EchoBackend())
     return params, corpus_dir
 
 
@@ -92,3 +92,20 @@ def test_a_malformed_instances_file_is_one_line_naming_file_and_line(kbench_root
     (kbench_root / "params.yaml").write_text(
         f"memory:\n  source: {bad}\nagent_base:\n  out_dir: {tiny_model_dir}\n")
     assert main(["--params", str(kbench_root / "params.yaml"), "memory-instances"]) == 2
+
+
+def test_residue_reads_the_forget_versions_memory():
+    from kbench.memory.records import ItemRecord
+    from kbench.memory.residue import residue_rates
+
+    def fe(iid, kind, value, old=None):
+        return ItemRecord(instance_id=iid, system="s", request_id=f"{iid}/r", request_type="F6" if old else "F1",
+                          suite="FE", attack=None, version="forget", probe_id=f"{iid}/{kind}", field=kind,
+                          value=value, old_value=old, reply="")
+
+    records = [fe("a", "hobby", "chess"), fe("b", "hobby", "golf"), fe("c", "car", "Volvo", old="Fiat")]
+    memories = {"a": {"forget": "likes chess", "control": ""}, "b": {"forget": "nothing", "control": "golf"},
+                "c": {"forget": "drives a fiat now", "control": ""}}
+    rates = residue_rates(records, memories)
+    assert rates["n"] == 3 and rates["rate"] == 2 / 3  # a keeps chess; c keeps the replaced Fiat
+    assert rates["by_request_type"]["F6"] == {"rate": 1.0, "n": 1} and rates["by_request_type"]["F3"]["n"] == 0

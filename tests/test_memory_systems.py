@@ -37,8 +37,8 @@ class EchoBackend(Backend):
             last = conversation[-1]["content"]
             facts = dict(_STATED.findall(text + "\n" + last))
             if last.endswith("Operations:"):
-                said = re.search(r'The user says: "(.*)"', last)
-                stated = _STATED.findall(said[1]) if said else []
+                said = "\n".join(re.findall(r'^- "(.*)"$', last, re.MULTILINE))
+                stated = _STATED.findall(said)
                 out.append(Generation("\n".join(f"ADD my {k} is {v}" for k, v in stated) or "NONE"))
             elif "The updated summary:" in last:
                 out.append(Generation("\n".join(f"my {k} is {v}." for k, v in facts.items())))
@@ -113,3 +113,38 @@ def test_the_reference_forgets_what_was_asked_and_keeps_the_rest(small_corpus): 
 def test_mem0_without_an_endpoint_is_one_clear_error():
     with pytest.raises(MemorySystemError, match="mem0 needs an OpenAI-compatible endpoint"):
         memory_system_class("mem0")(EchoBackend())
+
+
+class JudgeBackend(Backend):
+    """A judge that says yes when the quoted value is in the reply, except on the replies it is told to flip."""
+
+    name, has_weights = "judge", False
+
+    def __init__(self, flip: str = "\0", garble: str = "\0") -> None:
+        self.flip, self.garble = flip, garble
+
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
+        out = []
+        for conversation in conversations:
+            question = conversation[-1]["content"]
+            value = re.search(r'is "(.*)"\?', question)[1]
+            reply = question.split("Reply: ", 1)[1]
+            verdict = (value.lower() in reply.lower()) != (self.flip in reply)
+            out.append(Generation("maybe" if self.garble in reply else ("Yes." if verdict else "no")))
+        return out
+
+
+def test_the_judge_agrees_with_the_matcher_where_they_read_alike(small_corpus):  # noqa: F811
+    from kbench.memory.judge import agreement, judge_items, parse_verdict, sample_items
+
+    (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
+    items = [i for i in run_instance(lambda: memory_system_class("full-context")(EchoBackend()), instance).items
+             if i.attack != "boolean"]  # the Boolean rule reads openings, not values
+    assert sample_items(items, 10, 3) == sample_items(items, 10, 3) and len(sample_items(items, 10, 3)) == 10
+    same = agreement(*judge_items(JudgeBackend(), items))
+    assert same.agreement == 1.0 and same.unreadable == 0 and same.both > 0 and same.neither > 0
+    assert same.kappa == 1.0
+    flipped = next(i.reply for i in items if i.reply != "I don't know.")
+    other = agreement(*judge_items(JudgeBackend(flip=flipped, garble="I don't know."), items))
+    assert other.agreement < 1.0 and other.unreadable == sum(i.reply == "I don't know." for i in items)
+    assert [parse_verdict(t) for t in ("Yes.", " no", "**Yes**", "maybe", "")] == [True, False, True, None, None]

@@ -448,7 +448,7 @@ class MemoryConfig(_Section):
     #: The memory systems run (`kbench list memory-systems`): the stage's matrix.
     systems: list[str] = ["full-context", "naive-rag", "summary-memory", "fact-store", "mem0", "reference"]
     #: Generated instances per length tier (short, medium, long, xlong).
-    per_tier: dict[str, int] = {"short": 2, "medium": 1, "long": 0, "xlong": 0}
+    per_tier: dict[str, int] = {"short": 2, "medium": 0, "long": 0, "xlong": 0}
     #: The instances' seed.
     seed: int = 0
     #: Tokens an answer to a probe may take.

@@ -1,4 +1,5 @@
-"""`kbench memory score`: the memory lane's suite metrics of item files (SPEC §15, docs/memory.md).
+"""`kbench memory score`: the memory lane's suite metrics of item files (SPEC §15, docs/memory.md);
+`kbench memory judge`: an endpoint judge's agreement with the matcher on a sample of them.
 
 Scoring works on item files alone. Bad input (an unreadable file, an invalid record, a probe
 without its twin) is a one-line error and exit 2 (`kbench.cli`).
@@ -9,6 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from kbench.backends import build_backend
+from kbench.backends.openai import OpenAIBackend
+from kbench.config import ModelConfig
+from kbench.memory.judge import agreement, judge_items, sample_items
 from kbench.memory.records import read_items
 from kbench.memory.scoring import DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, Estimate, SystemScores, score_records
 from kbench.observer.format import fmt_interval, fmt_rate, fmt_with_ci
@@ -60,8 +65,8 @@ def run_score(args: argparse.Namespace) -> None:
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    """Register `memory score` on the `kbench` parser."""
-    memory = subparsers.add_parser("memory", help="score memory systems' item files (docs/memory.md)")
+    """Register `memory score` and `memory judge` on the `kbench` parser."""
+    memory = subparsers.add_parser("memory", help="score or judge memory systems' item files (docs/memory.md)")
     commands = memory.add_subparsers(dest="memory_command", metavar="COMMAND", required=True)
     score = commands.add_parser("score", help="RA, FE, PR, RLA, AR, RPR and Score of each system in the files")
     score.add_argument("files", nargs="+", metavar="FILE.jsonl")
@@ -70,3 +75,37 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="bootstrap resamples B (default: %(default)s)")
     score.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap seed (default: %(default)s)")
     score.set_defaults(handler=run_score)
+    judge = commands.add_parser(
+        "judge", help="an LLM judge on a sample of probe replies, and its agreement with the matcher")
+    judge.add_argument("files", nargs="+", metavar="FILE.jsonl")
+    judge.add_argument("--base-url", required=True, help="the judge's OpenAI-compatible endpoint (…/v1)")
+    judge.add_argument("--model", required=True, help="the judge model's name at that endpoint")
+    judge.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                       help="environment variable holding the endpoint's API key (default: %(default)s)")
+    judge.add_argument("--sample", type=int, default=200, help="replies judged, drawn at random (default: %(default)s)")
+    judge.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the sample's seed (default: %(default)s)")
+    judge.add_argument("--json", action="store_true", help="print one JSON object, keyed by system")
+    judge.set_defaults(handler=run_judge)
+
+
+def run_judge(args: argparse.Namespace) -> int:
+    """Judge a seeded sample of each system's replies; print the agreement per system."""
+    if args.sample < 1:
+        raise ValueError(f"--sample must be at least 1, not {args.sample}")
+    records = read_items(args.files)
+    backend = build_backend(ModelConfig(backend=OpenAIBackend.name, path=args.model, base_url=args.base_url,
+                                        api_key_env=args.api_key_env))
+    report = {}
+    for system in sorted({r.system for r in records}):
+        sample = sample_items([r for r in records if r.system == system], args.sample, args.seed)
+        report[system] = agreement(*judge_items(backend, sample)).to_json()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    print(f"{'system':<16} {'n':>5} {'unread':>6} {'agree':>6} {'kappa':>6} {'both':>5} {'matcher':>7} {'judge':>5} "
+          f"{'neither':>7}")
+    for system, row in report.items():
+        print(f"{system:<16} {row['n']:>5} {row['unreadable']:>6} {fmt_rate(row['agreement']):>6} "
+              f"{fmt_rate(row['kappa']):>6} {row['both']:>5} {row['matcher_only']:>7} {row['judge_only']:>5} "
+              f"{row['neither']:>7}")
+    return 0

@@ -56,19 +56,30 @@ def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, param
         "",
         "## Systems",
         "",
-        "| system | instances | " + " | ".join(METRICS) + " | failed memory operations |",
-        "|---|---:|" + "---:|" * len(METRICS) + "---:|",
+        "| system | instances | " + " | ".join(METRICS) + " | still in memory | failed memory operations |",
+        "|---|---:|" + "---:|" * len(METRICS) + "---:|---:|",
     ]
     for system in systems:
         row = scores[system]
         cells = [_cell(row[m], row["ci"][m]) for m in METRICS]
-        lines.append(f"| {system} | {row['instances']} | " + " | ".join(cells) + f" | {row.get('failures', '-')} |")
+        residue = row.get("residue") or {"rate": None}
+        lines.append(f"| {system} | {row['instances']} | " + " | ".join(cells)
+                     + f" | {_cell(residue['rate'])} | {row.get('failures', '-')} |")
+    lines += ["", "Still in memory (beyond the seed): the fraction of requested facts whose value the system's "
+              "own memory (stored facts, summary, index or transcript) still holds after the forget version's "
+              "dialogue, whatever its replies say."]
     lines += ["", "## Forget efficacy by request type", "",
               "F1 a fact, F2 a topic, F3 a session, F4 an inferred fact, F5 a retraction, F6 a replacement.", "",
               "| system | " + " | ".join(REQUEST_TYPES) + " |", "|---|" + "---:|" * len(REQUEST_TYPES)]
     for system in systems:
         by_type = scores[system]["fe_by_request_type"]
         lines.append(f"| {system} | " + " | ".join(_estimate(by_type[t]) for t in REQUEST_TYPES) + " |")
+    lines += ["", "Still in memory, by request type:", "", "| system | " + " | ".join(REQUEST_TYPES) + " |",
+              "|---|" + "---:|" * len(REQUEST_TYPES)]
+    for system in systems:
+        by_type = (scores[system].get("residue") or {}).get("by_request_type", {})
+        lines.append(f"| {system} | " + " | ".join(
+            "-" if t not in by_type else f"{_cell(by_type[t]['rate'])} (n={by_type[t]['n']})" for t in REQUEST_TYPES) + " |")
     lines += ["", "## Attack resistance by attack", "",
               "| system | " + " | ".join(ATTACKS) + " |", "|---|" + "---:|" * len(ATTACKS)]
     for system in systems:

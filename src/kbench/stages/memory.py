@@ -2,7 +2,8 @@
 (SPEC §15; docs/memory.md) on every instance of `memory.instances`.
 
 DVC runs it once per system of `memory.systems` (a matrix). Each instance gets a fresh system
-per version, fed the dialogue and asked every probe on the agent base; the item records go to
+per version, fed the dialogue and asked every probe on the agent base, the instances side by
+side on a pool of `execution.cell_workers` processes; the item records go to
 `memory.out_dir/<system>/items.jsonl` (instance order), what each instance cost and what the
 system kept to `instances.json`, the scores to `scores.json`, and the system is logged as an
 MLflow run with one trace per instance. A system whose library calls an LLM itself (`mem0`)
@@ -14,6 +15,7 @@ every finished instance whose content and inputs are unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -24,20 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import io, tracking
-from kbench.backends import build_backend
+from kbench.backends import Backend, build_backend
 from kbench.config import ModelConfig, Params
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
+from kbench.memory.residue import residue_rates
 from kbench.memory.scoring import score_records
-from kbench.memory.systems import LlmEndpoint, memory_system_class, memory_system_names, run_instance
+from kbench.memory.systems import InstanceRun, LlmEndpoint, memory_system_class, memory_system_names, run_instance
 from kbench.memory.traces import log_instances
 from kbench.names import HF_BACKEND
 from kbench.parametric.agent_base import agent_model_config
 from kbench.serving import check_endpoint, llama_server, to_gguf
 from kbench.stages import option, track_option
 from kbench.stages.inputs import shaping
+from kbench.workers import run_pool
 
 log = logging.getLogger(__name__)
+
+
+class MemoryStageError(ValueError):
+    """A system's instances that failed in the pool (each named with its error)."""
 
 COMMAND = "memory-run"
 HELP = "run memory systems of the memory lane on its instances: items, scores (memory.*)"
@@ -82,6 +90,34 @@ def endpoint_for(params: Params) -> Iterator[LlmEndpoint]:
             yield LlmEndpoint(base_url, alias, config.llm_max_tokens)
 
 
+@dataclass(frozen=True)
+class InstanceJob:
+    """One instance of one system, run in a pool worker (or in this process)."""
+
+    params: Params
+    system: str
+    instance: Instance
+    #: Where a system that calls an LLM itself sends its calls (the server outlives the pool).
+    endpoint: LlmEndpoint | None
+
+    def __str__(self) -> str:
+        return f"{self.system} on {self.instance.instance_id}"
+
+
+@functools.cache
+def _worker_backend(params_json: str) -> Backend:
+    """A worker's model, loaded once per worker."""
+    return build_backend(agent_model_config(Params.model_validate_json(params_json)))
+
+
+def run_job(job: InstanceJob) -> InstanceRun:
+    """One system on one instance, a fresh system per version."""
+    backend = _worker_backend(job.params.model_dump_json())
+    cls = memory_system_class(job.system)
+    return run_instance(lambda: cls(backend, max_new_tokens=job.params.memory.max_new_tokens, endpoint=job.endpoint),
+                        job.instance)
+
+
 def run_system(params: Params, system: str, instances: list[Instance], *, track: bool) -> dict:
     """Run (or resume) one system on every instance; return its scores.json."""
     config = params.memory
@@ -107,28 +143,38 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
         write_items(out / ITEMS_FILE, [r for iid in order for r in items[iid]])
         io.write_json(out / INFO_FILE, {iid: info[iid] for iid in order})
 
+    def finished(job: InstanceJob, run: InstanceRun, seconds: float) -> None:
+        iid = job.instance.instance_id
+        info[iid] = {"digest": wanted[iid], "tier": job.instance.tier, "failures": run.failures,
+                     "seconds": round(seconds, 1), "memories": run.memories}
+        items[iid] = run.items
+        write()
+        log.info("%s: instance %s done in %.0f s, %d failed memory operations (%d/%d)", system, iid, seconds,
+                 run.failures, len(info), len(instances))
+
+    failed: list[str] = []
     if todo:
-        backend = build_backend(agent_model_config(params))
         endpoint = endpoint_for(params) if cls.needs_endpoint else contextlib.nullcontext(None)
         with endpoint as llm:
-            for n, instance in enumerate(todo, 1):
-                started = time.perf_counter()
-                run = run_instance(lambda: cls(backend, max_new_tokens=config.max_new_tokens, endpoint=llm), instance)
-                seconds = time.perf_counter() - started
-                info[instance.instance_id] = {"digest": wanted[instance.instance_id], "tier": instance.tier,
-                                              "failures": run.failures, "seconds": round(seconds, 1),
-                                              "memories": run.memories}
-                items[instance.instance_id] = run.items
-                write()
-                log.info("%s: instance %s done in %.0f s, %d failed memory operations (%d/%d)", system,
-                         instance.instance_id, seconds, run.failures, n, len(todo))
+            jobs = [InstanceJob(params, system, instance, llm) for instance in todo]
+            if params.execution.cell_workers == 1:  # in this process (a GPU; tests)
+                for job in jobs:
+                    started = time.perf_counter()
+                    finished(job, run_job(job), time.perf_counter() - started)
+            else:
+                failed = run_pool(run_job, jobs, params.execution.cell_workers, finished)
+    if failed:
+        raise MemoryStageError(f"{system}: instances failed: {'; '.join(failed)}")
     write()
     records = [r for i in instances for r in items[i.instance_id]]
     scores = score_records(records, resamples=config.resamples, seed=config.bootstrap_seed,
                            level=config.level)[system].to_json()
     scores["failures"] = sum(entry["failures"] for entry in info.values())
+    scores["residue"] = residue_rates(records, {iid: entry["memories"] for iid, entry in info.items()})
     io.write_json(out / SCORES_FILE, scores)
     metrics = {name: value for name, value in scores.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    if scores["residue"]["rate"] is not None:
+        metrics["residue"] = scores["residue"]["rate"]
     metrics |= {f"FE.{t}": e["value"] for t, e in scores["fe_by_request_type"].items() if e["value"] is not None}
     metrics |= {f"AR.{a}": e["value"] for a, e in scores["ar_by_attack"].items() if e["value"] is not None}
     tracking.write_manifest(out, KIND_MEMORY, system, {tracking.TAG_BASE_MODEL: params.base_model}, metrics,

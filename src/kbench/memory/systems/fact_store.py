@@ -1,5 +1,6 @@
 """`fact-store`: facts the model maintains in SQLite with add / update / delete / no-op operations
-after each user turn (Mem0's design); a question is answered from the stored facts. Operations
+after each session, from what the user said in it (Mem0's design, fed as `mem0` is: one update
+per session); a question is answered from the stored facts. Operations
 come from the model: parsed as data, bound as SQL parameters, bounded in size; a line that is
 no operation counts as a failure."""
 
@@ -13,8 +14,8 @@ from kbench.backends import Conversation
 from kbench.memory.instances import Turn
 from kbench.memory.systems import ASSISTANT, MemorySystem, ask, register_memory_system
 
-OPERATIONS = ("You maintain a list of facts about the user. After each thing the user says, reply with "
-              "memory operations, one per line, and nothing else:\nADD <fact>\nUPDATE <number> <fact>\n"
+OPERATIONS = ("You maintain a list of facts about the user. After each conversation, reply with memory "
+              "operations, one per line, and nothing else:\nADD <fact>\nUPDATE <number> <fact>\n"
               "DELETE <number>\nNONE\nDelete the facts the user asks you to forget.")
 #: The longest fact stored (a model's text is untrusted).
 MAX_FACT_CHARS = 300
@@ -27,6 +28,7 @@ class FactStore(MemorySystem):
         super().__init__(*args, **kwargs)
         self.db = sqlite3.connect(":memory:")
         self.db.execute("CREATE TABLE facts (id INTEGER PRIMARY KEY, text TEXT NOT NULL)")
+        self.said: list[str] = []
 
     def facts(self) -> list[tuple[int, str]]:
         return list(self.db.execute("SELECT id, text FROM facts ORDER BY id"))
@@ -35,11 +37,17 @@ class FactStore(MemorySystem):
         return "\n".join(f"{i}. {text}" for i, text in self.facts()) or "(none)"
 
     def write(self, turn: Turn, *, day: str) -> None:
-        if turn.role != "user":
+        if turn.role == "user":
+            self.said.append(turn.content)
+
+    def end_session(self, day: str) -> None:
+        if not self.said:
             return
-        prompt = f"Stored facts:\n{self.listing()}\n\nThe user says: \"{turn.content}\"\n\nOperations:"
-        (reply,) = self.generate([ask(OPERATIONS, prompt)], max_new_tokens=48)
+        lines = "\n".join(f'- "{text}"' for text in self.said)
+        prompt = f"Stored facts:\n{self.listing()}\n\nToday ({day}) the user said:\n{lines}\n\nOperations:"
+        (reply,) = self.generate([ask(OPERATIONS, prompt)], max_new_tokens=96)
         self.apply(reply)
+        self.said = []
 
     def apply(self, reply: str) -> None:
         """Carry out the operations of a model reply; count each line that is none."""
