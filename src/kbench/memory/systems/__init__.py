@@ -20,6 +20,9 @@ from kbench.memory.instances import Instance, Session, Turn
 from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
 from kbench.registry import Registry, import_submodules
 
+#: Probes answered in one batch: a whole version's probes over a long transcript held about
+#: 9.5 GB in one worker (BENCHMARKS.md, memory lane); batches of this size bound it.
+ANSWER_BATCH = 16
 #: What every system's answering prompt starts with.
 ASSISTANT = "You are a personal assistant. Answer the user's question briefly, from what you know about them."
 
@@ -84,7 +87,11 @@ class MemorySystem(ABC):
         return [g.text.strip() for g in out]
 
     def answer(self, questions: Sequence[str]) -> list[str]:
-        return self.generate(self.contexts(questions)) if questions else []
+        """The replies to `questions`, decoded `ANSWER_BATCH` at a time."""
+        replies: list[str] = []
+        for start in range(0, len(questions), ANSWER_BATCH):
+            replies += self.generate(self.contexts(questions[start:start + ANSWER_BATCH]))
+        return replies
 
 
 def ask(system_prompt: str, question: str) -> Conversation:
