@@ -1,6 +1,6 @@
 """The lane's instances as MLflow traces (the UI's Traces tab): one trace per instance and
-system, a span per version, under it a span per session (its turns), one for what the system
-kept, one per forget request (forget version) and one per probe with its reply."""
+system, a span per version, under it a span per session with one per turn, one per forget
+request (forget version), one for what the system kept and one per probe with its reply."""
 
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ def log_instances(instances: Sequence[Instance], records: Iterable[ItemRecord], 
                 with mlflow.start_span(name=f"{version} version", span_type=SpanType.CHAIN):
                     sessions = instance.forget if version == FORGET_VERSION else instance.control
                     for n, session in enumerate(sessions):
-                        with mlflow.start_span(name=f"session {n} ({session.date})", span_type=SpanType.CHAIN) as span:
-                            span.set_inputs({"turns": [t.model_dump() for t in session.turns]})
+                        with mlflow.start_span(name=f"session {n} ({session.date})", span_type=SpanType.CHAIN):
+                            for i, turn in enumerate(session.turns):
+                                with mlflow.start_span(name=f"turn {i} ({turn.role})", span_type=SpanType.UNKNOWN) as span:
+                                    span.set_inputs({"content": turn.content})
                     if version == FORGET_VERSION:
                         for request in instance.requests:
                             with mlflow.start_span(name=f"request {request.type}", span_type=SpanType.UNKNOWN) as span:
