@@ -94,6 +94,20 @@ def _timed(task: Callable[[Any], Any], item: Any) -> tuple[Any, float]:
     return task(item), time.perf_counter() - started
 
 
+def run_items(task: Callable[[Item], Any], items: Sequence[Item], workers: int,
+              on_done: Callable[[Item, Any, float], None]) -> list[str]:
+    """`run_pool`, or with one worker each item in this process (a GPU; tests), in order:
+    `on_done(item, result, seconds)` after each. Returns the pool's failures (none in process:
+    an error there is raised)."""
+    if workers > 1:
+        return run_pool(task, items, workers, on_done)
+    for item in items:
+        started = time.perf_counter()
+        result = task(item)
+        on_done(item, result, time.perf_counter() - started)
+    return []
+
+
 def run_pool(task: Callable[[Item], Any], items: Sequence[Item], workers: int,
              on_done: Callable[[Item, Any, float], None], *, label: Callable[[Item], str] = str,
              threads: int | None = None) -> list[str]:

@@ -39,7 +39,7 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.serving import check_endpoint, llama_server, to_gguf
 from kbench.stages import option, track_option
 from kbench.stages.inputs import shaping
-from kbench.workers import run_pool
+from kbench.workers import run_items
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +157,7 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
         endpoint = endpoint_for(params) if cls.needs_endpoint else contextlib.nullcontext(None)
         with endpoint as llm:
             jobs = [InstanceJob(params, system, instance, llm) for instance in todo]
-            if params.execution.cell_workers == 1:  # in this process (a GPU; tests)
-                for job in jobs:
-                    started = time.perf_counter()
-                    finished(job, run_job(job), time.perf_counter() - started)
-            else:
-                failed = run_pool(run_job, jobs, params.execution.cell_workers, finished)
+            failed = run_items(run_job, jobs, params.execution.cell_workers, finished)
     if failed:
         raise MemoryStageError(f"{system}: instances failed: {'; '.join(failed)}")
     write()

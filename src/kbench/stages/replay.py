@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from kbench.replay.traces import log_sessions
 from kbench.stages import option, track_option
 from kbench.stages.corpus import corpus_option
 from kbench.stages.inputs import shaping
-from kbench.workers import run_pool
+from kbench.workers import run_items
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +177,7 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
         write()
 
     jobs = [SessionJob(params, corpus_dir, suite, label, i) for i in range(len(plans)) if i not in done]
-    if params.execution.cell_workers == 1:  # in this process (a GPU; tests)
-        failed = []
-        for job in jobs:
-            started = time.perf_counter()
-            finished(job, run_job(job), time.perf_counter() - started)
-    else:
-        failed = run_pool(run_job, jobs, params.execution.cell_workers, finished)
+    failed = run_items(run_job, jobs, params.execution.cell_workers, finished)
     if failed:
         raise ReplayStageError(f"{label}: sessions failed: {'; '.join(failed)}")
     write()
