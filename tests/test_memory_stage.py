@@ -109,3 +109,21 @@ def test_residue_reads_the_forget_versions_memory():
     rates = residue_rates(records, memories)
     assert rates["n"] == 3 and rates["rate"] == 2 / 3  # a keeps chess; c keeps the replaced Fiat
     assert rates["by_request_type"]["F6"] == {"rate": 1.0, "n": 1} and rates["by_request_type"]["F3"]["n"] == 0
+
+
+def test_mem0s_endpoint_is_the_users_or_the_runs_and_must_answer():
+    import socket
+
+    from kbench.serving import ServingError
+    from kbench.stages.memory import endpoint_for
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        silent = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    served = Params.model_validate({"model": {"backend": "openai", "path": "served-model", "base_url": silent},
+                                    "agent_base": {"enabled": False}})
+    users = Params.model_validate({"memory": {"llm_base_url": silent, "llm_model": "judge"}})
+    for params in (served, users):
+        with pytest.raises(ServingError, match=f"the endpoint {silent} does not answer"):
+            with endpoint_for(params):
+                pass
