@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: setup system-deps run test clean-venv
+.PHONY: setup system-deps run test clean-venv mlflow-server
 
 # data/ holds corpora, a DVC dependency of the corpus stage (empty by default; docs/tracking.md, "Your own corpus").
 setup: $(STAMP) $(MODEL)
@@ -46,6 +46,11 @@ run: setup
 	@echo "Pushed to DVC remote: $$(.venv/bin/dvc remote list | head -1)"
 	@echo "Leaderboard:     reports/leaderboard.md; full report: reports/index.html"
 	@echo "Runs and traces: .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  (then open http://127.0.0.1:5000)"
+
+# An MLflow tracking server on 127.0.0.1:5000 (its SQL store mlflow-server.db, artifacts in
+# mlartifacts/) until Ctrl-C; stages log there once MLFLOW_TRACKING_URI=http://127.0.0.1:5000.
+mlflow-server: setup
+	.venv/bin/kbench tracking-server
 
 # Debian's Chromium renders the HTML report in a test (as root, like CI).
 system-deps:

@@ -7,14 +7,19 @@ model: the agent base when it has been built), so that peak memory is the mode's
               no early stop, cut at the stop string / end of turn afterwards;
   lockstep    lockstep batches on transformers' `generate` (`model.engine: generate`): every
               step re-encodes the whole prompt; stops at `Observation:` and end of turn;
-  engine      lockstep batches on the KV engine (`model.engine: kv`, the default).
+  engine      lockstep batches on the KV engine (`model.engine: kv`, the default);
+  llama-cpp   the same batches as concurrent requests to llama.cpp's server over the same
+              folder (`model.backend: llama-cpp`; conversion and server start not timed,
+              the server's own memory not in the peak RSS).
 
 For every substrate the report gives trajectories/s with the spread over `--repeats`, peak
 RSS, the engine's prefill/decode split, and its harness efficiency: generated tokens/s inside
 the cell ÷ tokens/s of a raw batched `generate` (no stop strings) at the same batch on the
 cell's first prompts. It also gives the equivalence of the engine with the lockstep harness:
 identical traces, and for each trajectory that differs the top-2 logit gap, in a batch-1 full
-recompute, at the first token where the two replies part. `--batch-sizes` sweeps the
+recompute, at the first token where the two replies part. Across engines (llama-cpp against
+engine) identical traces are not expected: the report gives their agreement, trajectory by
+trajectory and channel by channel (the matcher's leak reading of each of the six channels). `--batch-sizes` sweeps the
 engine's batch size.
 
     PYTHONPATH=src python benchmarks/agent_throughput.py --n 16 --substrates C R-struct \\
@@ -40,9 +45,13 @@ import torch
 from kbench.backends import Conversation, Generation
 from kbench.backends.base import truncate_at_stop
 from kbench.backends.hf import HFBackend, encode_prompt, end_of_turn_ids, load_model, render_prompt
+from kbench.backends.llama_cpp import LlamaCppBackend
 from kbench.names import GENERATE_ENGINE, KV_ENGINE
+from kbench.observer import CHANNELS
+from kbench.observer.metrics import score_queries
+from kbench.records import TraceRecord
 
-MODES = ("published", "lockstep", "engine")
+MODES = ("published", "lockstep", "engine", "llama-cpp")
 
 
 class PublishedHarnessBackend(HFBackend):
@@ -96,6 +105,8 @@ def run_mode(mode: str, n: int, substrate: str, batch_size: int, model_path: str
     with tempfile.TemporaryDirectory() as scratch:
         index_dir = build_index(index_entities(corpus), scratch)
         config = params.agent.model_copy(update={"batch_size": 1 if mode == "published" else batch_size})
+        if mode == "llama-cpp":
+            model = model.model_copy(update={"backend": LlamaCppBackend.name})
         backend = PublishedHarnessBackend(model) if mode == "published" else build_backend(model)
         agent = ReActAgent(
             backend, build_substrate(substrate, corpus, config, seed=0, index_dir=index_dir),
@@ -204,6 +215,22 @@ def equivalence(model_path: str | None, reference: dict, engine: dict) -> dict:
             "near_ties": sum(g["gap"] < 1e-3 for g in gaps)}
 
 
+def agreement(reference: dict, other: dict) -> dict:
+    """How far two engines' trajectories agree: identical records, answers, and the matcher's
+    leak reading per channel (the share of trajectories where it is the same)."""
+    ids = sorted(reference["records"])
+    pair = [score_queries(TraceRecord.model_validate(run["records"][i]) for i in ids) for run in (reference, other)]
+    same_channel = (pair[0].hits == pair[1].hits).mean(axis=0)
+    return {
+        "trajectories": len(ids),
+        "identical": sum(reference["records"][i] == other["records"][i] for i in ids),
+        "same_answer": sum(reference["records"][i]["answer"] == other["records"][i]["answer"] for i in ids),
+        "same_leak_any_channel": float((pair[0].leaked() == pair[1].leaked()).mean()),
+        "same_leak_per_channel": dict(zip(CHANNELS, map(float, same_channel))),
+        "leaked_share": [float(p.leaked().mean()) for p in pair],
+    }
+
+
 def spawn(mode: str, args: argparse.Namespace, substrate: str, batch_size: int, scratch: str) -> dict:
     out = Path(scratch, f"{mode}-{substrate}-{batch_size}.json")
     command = [sys.executable, __file__, "--mode", mode, "--n", str(args.n), "--substrate", substrate,
@@ -267,6 +294,16 @@ def main() -> None:
                         r["trajectories_per_s"] for r in runs[mode])
                     entry[f"engine_over_{mode}"] = ratio
                     print(f"    engine / {mode}: {ratio:.2f}x")
+            if "llama-cpp" in runs and "engine" in runs:
+                ratio = statistics.mean(r["trajectories_per_s"] for r in runs["llama-cpp"]) / statistics.mean(
+                    r["trajectories_per_s"] for r in runs["engine"])
+                agree = agreement(runs["engine"][0], runs["llama-cpp"][0])
+                entry["llama_cpp_over_engine"], entry["llama_cpp_agreement"] = ratio, agree
+                print(f"    llama-cpp / engine: {ratio:.2f}x; identical traces {agree['identical']}/"
+                      f"{agree['trajectories']}, same answer {agree['same_answer']}, same leak reading (any "
+                      f"channel) {agree['same_leak_any_channel']:.2f}, per channel "
+                      f"{ {c: round(v, 2) for c, v in agree['same_leak_per_channel'].items()} }, leaked share "
+                      f"engine {agree['leaked_share'][0]:.2f} vs llama-cpp {agree['leaked_share'][1]:.2f}")
             if "lockstep" in runs and "engine" in runs:
                 eq = equivalence(args.model, runs["lockstep"][0], runs["engine"][0])
                 entry["equivalence"] = eq

@@ -1,7 +1,7 @@
 """llama.cpp's server for real: the default model converted to GGUF by llama.cpp's converter,
 served on 127.0.0.1, answering Mem0's JSON-object requests, running the `mem0` memory system on
-one instance and stopped afterwards; a file that is no model and an endpoint that does not
-answer are one clear error each."""
+one instance and stopped afterwards; a cell run through the `llama-cpp` backend, which starts its
+own server; a file that is no model and an endpoint that does not answer are one clear error each."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ from datetime import date
 
 import pytest
 
+from kbench.backends import llama_cpp as llama_cpp_backend
+from kbench.backends.llama_cpp import LlamaCppBackend
+from kbench.cli.main import main
 from kbench.serving import ServingError, check_endpoint, llama_server, to_gguf
 
 from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+from test_endpoint_preset import _preset, _write
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +75,62 @@ def test_a_file_that_is_no_model_and_a_silent_endpoint_are_one_line_each(tmp_pat
         port = free.getsockname()[1]
     with pytest.raises(ServingError, match=rf"the endpoint http://127.0.0.1:{port}/v1 does not answer"):
         check_endpoint(f"http://127.0.0.1:{port}/v1")
+
+
+@pytest.mark.slow
+def test_a_cell_runs_through_a_llama_cpp_server_the_backend_starts(default_model, kbench_root, capsys):
+    """presets/endpoint.yaml on `model.backend: llama-cpp` over the default model's folder: the
+    stages before the cells, one cell; a server gone mid-cell stops the stage in one line with the
+    finished records kept, and the rerun resumes; the server is stopped afterwards."""
+    params = _write(kbench_root, _preset(**{
+        "model.backend": LlamaCppBackend.name, "model.path": str(default_model), "model.base_url": None,
+        "queries.n_per_split": 1, "agent.max_iters": 2, "agent.max_new_tokens": 24,
+        "agent.summary_max_new_tokens": 16,
+    }))
+    cell_args = ["--params", params, "cell", "--substrate", "R-struct", "--seed", "0", "--method", "none",
+                 "--no-track", "--no-progress"]
+    try:
+        assert main(["--params", params, "params"]) == 0
+        for stage in (["corpus", "--no-track"], ["index"], ["agent-base", "--no-track"], ["fit", "--no-track"],
+                      ["unlearn", "--no-track"]):
+            assert main(["--params", params, *stage]) == 0, stage
+        assert main(cell_args) == 0
+        (base_url,) = llama_cpp_backend._servers.values()
+        assert urllib.parse.urlsplit(base_url).hostname == "127.0.0.1"
+        traces = kbench_root / "artifacts" / "cells" / "R-struct__s0" / "none" / "none" / "traces.jsonl"
+        first, second = traces.read_text().splitlines()
+        assert json.loads(first)["raw_reply"] and json.loads(second)["raw_reply"]
+
+        traces.write_text(first + "\n")  # one trajectory left to run, and the server gone
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+        (key,) = llama_cpp_backend._servers
+        llama_cpp_backend._servers[key] = dead
+        capsys.readouterr()
+        assert main(cell_args) == 2
+        err = capsys.readouterr().err.strip()
+        assert "cannot reach" in err and "\n" not in err and "Traceback" not in err
+        assert traces.read_text() == first + "\n"  # the finished record is kept
+        llama_cpp_backend._servers[key] = base_url  # the server back
+        assert main(cell_args) == 0
+        assert traces.read_text().splitlines() == [first, second]  # resumed: the same two records
+    finally:
+        llama_cpp_backend.stop_servers()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", urllib.parse.urlsplit(base_url).port)) != 0
+
+
+def test_the_llama_cpp_backend_refuses_what_it_cannot_serve(tmp_path):
+    from kbench.backends import BackendError, build_backend
+    from kbench.config import ModelConfig
+
+    with pytest.raises(BackendError, match=r"neither a transformers model folder nor a \.gguf file"):
+        build_backend(ModelConfig(backend=LlamaCppBackend.name, path=str(tmp_path)))
+    with pytest.raises(BackendError, match=r"starts its own server: leave model.base_url unset"):
+        build_backend(ModelConfig(backend=LlamaCppBackend.name, path=str(tmp_path), base_url="http://127.0.0.1:1/v1"))
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"GGUF but not really")
+    with pytest.raises(BackendError, match=r"bogus.gguf is not a readable GGUF file"):
+        build_backend(ModelConfig(backend=LlamaCppBackend.name, path=str(bogus)))
+    assert not llama_cpp_backend._servers

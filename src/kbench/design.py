@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kbench.backends import backend_has_weights, backend_names
+from kbench.backends import backend_has_weights, backend_is_remote, backend_names
 from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
 from kbench.corpus import CorpusError, pool_sizes
 from kbench.methods import method_class, method_names, resolve_methods
@@ -143,8 +143,9 @@ def check_design(params: Params, *, source: str = "params") -> Params:
 
 def check_model_present(params: Params, *, source: str = "params", timeout_s: float = 3.0) -> None:
     """The hf backend's `model.path` is a model folder (what `make setup` / `kbench setup`
-    builds); an endpoint backend's `model.base_url` accepts a connection."""
-    if params.model.backend != HF_BACKEND:
+    builds), or a .gguf file for a backend that serves one itself; an endpoint backend's
+    `model.base_url` accepts a connection."""
+    if backend_is_remote(params.model.backend):
         url = urlsplit(params.model.base_url or "")
         if not url.hostname:
             raise ParamsError(f"{source}: key 'model.base_url': the {params.model.backend} backend needs the "
@@ -157,7 +158,8 @@ def check_model_present(params: Params, *, source: str = "params", timeout_s: fl
                               f"({type(exc).__name__}); start the server or fix the URL") from None
         return
     folder = Path(params.model.path)
-    if not (folder / "config.json").is_file():
+    served_file = params.model.backend != HF_BACKEND and folder.suffix == ".gguf" and folder.is_file()
+    if not (folder / "config.json").is_file() and not served_file:
         raise ParamsError(
             f"{source}: key 'model.path': {folder} is not a model folder (no config.json); run "
             "`make setup` (or `kbench setup`) for the default model, or point model.path at a "

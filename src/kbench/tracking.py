@@ -2,7 +2,9 @@
 
 Store: the SQLite database `mlflow.db` at the repo root with artifacts under `mlruns/`
 (MLflow 3.17 refuses a plain `./mlruns` file store). `MLFLOW_TRACKING_URI`, or
-`tracking.tracking_uri` in params.yaml, points runs at a remote server instead.
+`tracking.tracking_uri` in params.yaml, points runs at a tracking server instead: one this
+project starts (`kbench tracking-server`, `tracking_server`) or a shared one; a server that
+does not answer stops the stage before any work, in one line.
 
 Every run is tagged with its kind (corpus, cell, compare, ...), its key (for a cell:
 substrate, method, seed, base model) and the git commit, and carries the content hash of
@@ -17,14 +19,17 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kbench import io
-from kbench.config import Params
+from kbench.config import Params, redact_url
 from kbench.records import TraceRecord, iter_traces
+from kbench.servers import answers, server_process
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,46 @@ def tracking_uri(params: Params | None = None) -> str:
     return f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
+class TrackingError(OSError):
+    """The tracking server named by the tracking URI does not answer, or cannot be started."""
+
+
+#: The tracking server's own stores under the project (`kbench tracking-server`): runs in a SQL
+#: database, artifacts uploaded through the server (so clients on other machines can log them).
+SERVER_STORE, SERVER_ARTIFACTS = "mlflow-server.db", "mlartifacts"
+
+
+def check_server(uri: str) -> None:
+    """An http(s) tracking URI answers MLflow's health check, or one TrackingError naming it
+    (MLflow's own client would retry for minutes before failing)."""
+    if urlsplit(uri).scheme not in ("http", "https"):
+        return
+    if not answers(f"{uri.rstrip('/')}/health", timeout=3.0):
+        raise TrackingError(f"the MLflow tracking server at {redact_url(uri)} does not answer (GET /health); start "
+                            "it (`kbench tracking-server`) or unset MLFLOW_TRACKING_URI to log to mlflow.db")
+
+
+def server_command(root: Path, host: str, port: int) -> list[str]:
+    """`mlflow server` on the project's server stores under `root`, bound to `host`:`port`."""
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / SERVER_STORE}",
+            "--artifacts-destination", str(root / SERVER_ARTIFACTS), "--host", host, "--port", str(port),
+            "--workers", "1"]
+
+
+@contextmanager
+def tracking_server(root: Path, port: int, *, host: str = "127.0.0.1", startup_timeout: float = 120.0) -> Iterator[str]:
+    """An MLflow tracking server on `host`:`port` for the duration; yields its URI (the value for
+    MLFLOW_TRACKING_URI) and stops it on exit."""
+    uri = f"http://{host}:{port}"
+    if answers(f"{uri}/health", timeout=1.0):
+        raise TrackingError(f"something already answers at {uri}: choose another port (--port)")
+    with server_process(server_command(root, host, port), f"{uri}/health", name="the MLflow tracking server",
+                        error=TrackingError, startup_timeout=startup_timeout):
+        log.info("MLflow tracking server at %s (runs in %s, artifacts in %s/)", uri, root / SERVER_STORE,
+                 root / SERVER_ARTIFACTS)
+        yield uri
+
+
 def _quiet_mlflow() -> None:
     # Alembic prints every schema migration at INFO when a fresh SQLite store is created.
     for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
@@ -92,6 +137,7 @@ def open_experiment(params: Params) -> str:
 
     _quiet_mlflow()
     uri = tracking_uri(params)
+    check_server(uri)
     mlflow.set_tracking_uri(uri)
     name = params.tracking.experiment
     experiment = mlflow.get_experiment_by_name(name)

@@ -1,6 +1,6 @@
 """Model backends; importing this package registers the built-in ones."""
 
-from kbench.backends import hf, openai  # noqa: F401  (registration side effect)
+from kbench.backends import hf, llama_cpp, openai  # noqa: F401  (registration side effect)
 from kbench.backends.base import (
     Backend,
     BackendError,
@@ -9,6 +9,7 @@ from kbench.backends.base import (
     Message,
     Request,
     backend_has_weights,
+    backend_is_remote,
     backend_names,
     build_backend,
     register_backend,
@@ -22,6 +23,7 @@ __all__ = [
     "Message",
     "Request",
     "backend_has_weights",
+    "backend_is_remote",
     "backend_names",
     "build_backend",
     "register_backend",

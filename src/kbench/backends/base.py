@@ -62,6 +62,8 @@ class Backend(ABC):
     name: ClassVar[str]
     #: True when `model` and `tokenizer` are real torch objects a method may edit or hook.
     has_weights: ClassVar[bool]
+    #: True when the model is a server's at `model.base_url`; False when `model.path` names local files.
+    remote: ClassVar[bool] = False
 
     def generate(
         self,
@@ -125,6 +127,11 @@ def backend_names() -> list[str]:
 def backend_has_weights(name: str) -> bool:
     """Whether the backend registered as `name` exposes weights a method may edit or hook."""
     return _BACKENDS.get(name).has_weights
+
+
+def backend_is_remote(name: str) -> bool:
+    """Whether the backend registered as `name` talks to a server at `model.base_url`."""
+    return _BACKENDS.get(name).remote
 
 
 def build_backend(config: ModelConfig) -> Backend:

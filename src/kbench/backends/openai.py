@@ -44,10 +44,9 @@ def _split_credentials(url: str) -> tuple[str, dict[str, str]]:
 @register_backend("openai")
 class OpenAIBackend(Backend):
     has_weights = False
+    remote = True
 
     def __init__(self, config: ModelConfig) -> None:
-        from openai import OpenAI
-
         if not config.base_url:
             raise BackendError("the openai backend needs model.base_url (e.g. http://host:8000/v1)")
         api_key = os.environ.get(config.api_key_env)
@@ -56,12 +55,18 @@ class OpenAIBackend(Backend):
                 f"the openai backend reads its API key from ${config.api_key_env}, which is unset "
                 "(set it to any value for a local server that needs no key)"
             )
-        self.model_name = config.path
+        self._connect(config, config.base_url, config.path, api_key)
+
+    def _connect(self, config: ModelConfig, base_url: str, model_name: str, api_key: str) -> None:
+        """Talk to `model_name` at `base_url` (a subclass may start the server first)."""
+        from openai import OpenAI
+
+        self.model_name = model_name
         #: The endpoint as messages name it: base_url without credentials.
-        self.endpoint = redact_url(config.base_url)
+        self.endpoint = redact_url(base_url)
         self.api_key_env = config.api_key_env
         self.concurrency = config.max_concurrent_requests
-        base_url, headers = _split_credentials(config.base_url)
+        base_url, headers = _split_credentials(base_url)
         self._client = OpenAI(base_url=base_url, api_key=api_key, timeout=config.request_timeout_s,
                               default_headers=headers)
 

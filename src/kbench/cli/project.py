@@ -1,12 +1,13 @@
 """Project subcommands: `setup` (the default model folder), `preset` (swap params.yaml),
-`params` (validate and show the design), `calibrate` (Optuna search of injection strength)
-and `sync` (MLflow)."""
+`params` (validate and show the design), `calibrate` (Optuna search of injection strength),
+`tracking-server` (an MLflow server) and `sync` (MLflow)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,19 @@ def cmd_sync(args: argparse.Namespace) -> int:
     params = load_design(args.params)
     run_ids = tracking.sync_outputs(params, [Path(p) for p in args.roots])
     print(f"{len(run_ids)} stage outputs are in MLflow ({tracking.tracking_uri(params)})")
+    return 0
+
+
+def cmd_tracking_server(args: argparse.Namespace) -> int:
+    """Serve the project's MLflow tracking server on 127.0.0.1 until Ctrl-C."""
+    root = tracking.repo_root()
+    with tracking.tracking_server(root, args.port) as uri:
+        print(f"MLflow tracking server at {uri} (runs: {tracking.SERVER_STORE}, artifacts: {tracking.SERVER_ARTIFACTS}/)")
+        print(f"Log to it from another shell: export MLFLOW_TRACKING_URI={uri}; Ctrl-C stops it", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print("stopped the MLflow tracking server")
     return 0
 
 
@@ -125,6 +139,11 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         "--write", action="store_true", help="write the best values into the params file's injection.lora section"
     )
     p.set_defaults(handler=cmd_calibrate)
+
+    p = sub.add_parser("tracking-server", help="run an MLflow tracking server on 127.0.0.1 (its own SQL store "
+                       "and artifact root under the project) until Ctrl-C")
+    p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: %(default)s)")
+    p.set_defaults(handler=cmd_tracking_server)
 
     p = sub.add_parser("sync", help="log stage outputs that have no MLflow run yet")
     p.add_argument("roots", nargs="*", default=[str(r) for r in OUTPUT_ROOTS])

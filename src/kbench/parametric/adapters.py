@@ -29,6 +29,7 @@ import torch
 from safetensors import safe_open
 
 from kbench import io
+from kbench.backends import backend_is_remote
 from kbench.config import ModelConfig, Params
 from kbench.names import ADAPTER_FREE, CONTROL, GOLD_METHOD, HF_BACKEND
 
@@ -85,8 +86,8 @@ class Injected:
 
 def model_fingerprint(model: ModelConfig) -> str:
     """Identity of the weights a cell's agent runs on (before any injection): the fingerprint
-    of the model folder for the local backend, the served model's name for an endpoint."""
-    if model.backend == HF_BACKEND:
+    of the model folder for a local backend, the served model's name for an endpoint."""
+    if model.backend == HF_BACKEND or (not backend_is_remote(model.backend) and Path(model.path).is_dir()):
         return base_fingerprint(model.path)
     return f"{model.backend}:{model.name}"
 

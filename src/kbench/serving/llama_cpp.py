@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from kbench.servers import answers, free_port, server_process
 
 log = logging.getLogger(__name__)
 
@@ -55,64 +52,35 @@ def to_gguf(model_dir: str | Path, out: str | Path, *, outtype: str = "f32") -> 
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def check_endpoint(base_url: str) -> None:
     """An OpenAI-compatible endpoint answers `GET <base_url>/models`, or one clear error."""
-    if not _answers(f"{base_url.rstrip('/')}/models"):
+    if not answers(f"{base_url.rstrip('/')}/models"):
         raise ServingError(f"the endpoint {base_url} does not answer (GET {base_url.rstrip('/')}/models)")
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @contextmanager
 def llama_server(gguf: str | Path, *, alias: str, threads: int, n_ctx: int = 8192, trained_ctx: int | None = None,
-                 startup_timeout: float = 180.0) -> Iterator[str]:
+                 chat_format: str | None = None, startup_timeout: float = 180.0) -> Iterator[str]:
     """Serve `gguf` as model `alias` on 127.0.0.1 (a free port); yields the API root
-    (`http://127.0.0.1:<port>/v1`) and stops the server on exit. An `n_ctx` beyond the model's
-    `trained_ctx` positions is reached with YaRN RoPE scaling."""
+    (`http://127.0.0.1:<port>/v1`) and stops the server on exit. `n_ctx` 0 is the model's trained
+    context; one beyond the model's `trained_ctx` positions is reached with YaRN RoPE scaling.
+    `chat_format` names one of llama-cpp-python's chat formats (None: the GGUF's own template)."""
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError:
         raise ServingError(f"llama-cpp-python[server] is not installed: {_SETUP_HINT}") from None
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}/v1"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", alias,
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
                "--n_threads_batch", str(threads), "--seed", "0", "--verbose", "False"]
+    if chat_format:
+        command += ["--chat_format", chat_format]
     if trained_ctx and n_ctx > trained_ctx:
         command += ["--rope_scaling_type", "2", "--rope_freq_scale", str(trained_ctx / n_ctx),
                     "--yarn_orig_ctx", str(trained_ctx)]  # 2: llama.cpp's YaRN
     log.info("starting llama.cpp's server on 127.0.0.1:%d (%s, %d threads)", port, Path(gguf).name, threads)
-    errors = tempfile.TemporaryFile(mode="w+")  # the engine's load log; its last line names a failure
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, text=True)
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while not _answers(f"{base}/models"):
-            if process.poll() is not None:
-                errors.seek(0)
-                tail = errors.read().strip().splitlines()[-1:] or ["no output"]
-                raise ServingError(f"llama.cpp's server exited at start (code {process.returncode}): {tail[0]}")
-            if time.monotonic() > deadline:
-                raise ServingError(f"llama.cpp's server did not answer within {startup_timeout:.0f} s")
-            time.sleep(0.5)
+    with server_process(command, f"{base}/models", name="llama.cpp's server", error=ServingError,
+                        startup_timeout=startup_timeout):
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        errors.close()
-        log.info("stopped llama.cpp's server on port %d", port)
+    log.info("stopped llama.cpp's server on port %d", port)

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import io, tracking
-from kbench.backends import Backend, build_backend
+from kbench.backends import Backend, backend_is_remote, build_backend
+from kbench.backends.llama_cpp import ALIAS as LLAMA_CPP_ALIAS
+from kbench.backends.llama_cpp import LlamaCppBackend, serve
 from kbench.config import ModelConfig, Params
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
@@ -34,7 +36,6 @@ from kbench.memory.residue import residue_rates
 from kbench.memory.scoring import score_records
 from kbench.memory.systems import InstanceRun, LlmEndpoint, memory_system_class, memory_system_names, run_instance
 from kbench.memory.traces import log_instances
-from kbench.names import HF_BACKEND
 from kbench.parametric.agent_base import agent_model_config
 from kbench.serving import check_endpoint, llama_server, to_gguf
 from kbench.stages import option, track_option
@@ -55,7 +56,7 @@ KIND_MEMORY = "memory"
 
 def _model_identity(model: ModelConfig) -> str:
     """The model's weights by their hash, or a served model by its name and address."""
-    if model.backend == HF_BACKEND:
+    if not backend_is_remote(model.backend) and Path(model.path).is_dir():
         return io.folder_hash(model.path)
     return io.json_digest(model.model_dump(mode="json", include={"backend", "path", "base_url"}))
 
@@ -67,16 +68,20 @@ def _inputs(params: Params, system: str) -> dict:
 
 @contextlib.contextmanager
 def endpoint_for(params: Params) -> Iterator[LlmEndpoint]:
-    """`memory.llm_base_url`; else the run's own endpoint (`model.backend: openai`); else a
-    llama.cpp server over the agent base for the duration."""
+    """`memory.llm_base_url`; else the run's own endpoint (`model.backend: openai`); else the run's
+    own llama.cpp server (`model.backend: llama-cpp`); else a llama.cpp server over the agent base
+    for the duration."""
     config = params.memory
     model = agent_model_config(params)
-    served = model.backend != HF_BACKEND
+    served = backend_is_remote(model.backend)
     if config.llm_base_url or served:  # a user's endpoint, or the one the whole run is served by
         base_url = config.llm_base_url or model.base_url
         check_endpoint(base_url)
         yield LlmEndpoint(base_url, config.llm_model or (model.path if served else "default"), config.llm_max_tokens,
                           os.environ.get(model.api_key_env) or "local")  # the key the run's backend reads
+        return
+    if model.backend == LlamaCppBackend.name:  # this process's server over model.path
+        yield LlmEndpoint(serve(model.path, os.cpu_count() or 1), LLAMA_CPP_ALIAS, config.llm_max_tokens)
         return
     with tempfile.TemporaryDirectory(prefix="kbench-gguf-") as scratch:
         model_dir = agent_model_config(params).path

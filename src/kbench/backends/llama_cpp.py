@@ -1,0 +1,107 @@
+"""`llama-cpp`: a local model served by llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`),
+which the backend starts on 127.0.0.1 and then talks to exactly as the `openai` backend does.
+
+`model.path` is a transformers folder (converted once per process to a float32 GGUF by
+llama.cpp's own converter, `kbench.serving.to_gguf`) or a `.gguf` file, served as it is (a
+quantized one, say). Every backend of one process over the same file shares one server, on
+this process's compute threads; it is stopped when the process ends, and by the kernel if the
+process is killed. The server keeps no weights this process could edit: what the `openai`
+backend refuses (weight and forward-hook methods, substrate P, the agent base) this one refuses too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing.util
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kbench.backends.base import BackendError, register_backend
+from kbench.backends.openai import OpenAIBackend
+from kbench.config import ModelConfig
+from kbench.serving import ServingError, llama_server, to_gguf
+
+log = logging.getLogger(__name__)
+
+#: The name the server gives its one model.
+ALIAS = "kbench"
+#: llama.cpp's own name for a GGUF without a chat template, by architecture (Gemma 3's base
+#: model ships none; llama-cpp-python would otherwise fall back to Llama 2's).
+_CHAT_FORMATS = {"gemma3": "gemma"}
+
+_servers: dict[tuple[str, int], str] = {}
+_running = contextlib.ExitStack()
+
+
+def stop_servers() -> None:
+    """Stop every server this process started (what its exit does anyway)."""
+    _running.close()
+    _servers.clear()
+
+
+def _gguf_facts(gguf: Path) -> tuple[int | None, str | None]:
+    """The trained context and, where the file has no chat template, the chat format to use."""
+    from gguf import GGUFReader
+
+    try:
+        fields = GGUFReader(gguf).fields
+    except (ValueError, OSError) as exc:
+        raise BackendError(f"{gguf} is not a readable GGUF file: {exc}") from None
+
+    def value(key: str):
+        field = fields.get(key)
+        return None if field is None else field.contents()
+
+    arch = value("general.architecture")
+    trained = value(f"{arch}.context_length")
+    chat_format = None if value("tokenizer.chat_template") else _CHAT_FORMATS.get(arch)
+    return (int(trained) if trained else None), chat_format
+
+
+def _served_file(path: Path) -> Path:
+    """`path` as a GGUF file: itself, or its folder converted into a scratch folder of the process."""
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if not (path / "config.json").is_file():
+        raise BackendError(f"model.path {path} is neither a transformers model folder nor a .gguf file; "
+                           "the llama-cpp backend serves one of them")
+    scratch = Path(_running.enter_context(tempfile.TemporaryDirectory(prefix="kbench-gguf-")))
+    started = time.perf_counter()
+    gguf = to_gguf(path, scratch / f"{path.name}.gguf")
+    log.info("converted %s to GGUF in %.0f s", path, time.perf_counter() - started)
+    return gguf
+
+
+def serve(path: str | Path, threads: int) -> str:
+    """The API root of this process's llama.cpp server over `path`, started on first use."""
+    key = (str(Path(path).resolve()), threads)
+    if key not in _servers:
+        if not _servers:  # runs at this process's exit, a pool worker's included (atexit does not)
+            multiprocessing.util.Finalize(None, stop_servers, exitpriority=100)
+        gguf = _served_file(Path(path))
+        trained, chat_format = _gguf_facts(gguf)
+        _servers[key] = _running.enter_context(
+            llama_server(gguf, alias=ALIAS, threads=threads, n_ctx=trained or 0, chat_format=chat_format))
+    return _servers[key]
+
+
+@register_backend("llama-cpp")
+class LlamaCppBackend(OpenAIBackend):
+    has_weights = False
+    remote = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.base_url:
+            raise BackendError("the llama-cpp backend starts its own server: leave model.base_url unset "
+                               "(the openai backend talks to a server already running)")
+        try:
+            base_url = serve(config.path, torch.get_num_threads())
+        except ServingError as exc:
+            raise BackendError(str(exc)) from None
+        self._connect(config, base_url, ALIAS, "local")
+        self.served_path = config.path
