@@ -2,28 +2,19 @@
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from _agent_fixtures import params, small_corpus  # noqa: F401  (fixtures)
 from kbench.config import ModelConfig
+from kbench.servers import free_port, server_process
 from kbench.methods import ALL_SUBSTRATES, Method, MethodError, register_method, unregister_method
 from kbench.agent.runner import run_cell, setup_cell
 
 pytestmark = pytest.mark.slow
 KEY_ENV = "KBENCH_TEST_OPENAI_KEY"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -33,32 +24,12 @@ def server():
     folder = str(ensure_default_model(Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"))
     cli = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
     port = free_port()
-    process = subprocess.Popen(
-        [cli, "serve", folder, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"transformers serve exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("transformers serve did not come up within 180 s")
-            time.sleep(1)
+    with server_process([cli, "serve", folder, "--host", "127.0.0.1", "--port", str(port)], f"{url}/health",
+                        name="transformers serve", error=RuntimeError, startup_timeout=180,
+                        env={**os.environ, "HF_HUB_OFFLINE": "1"}):
         yield ModelConfig(backend="openai", path=folder, base_url=f"{url}/v1", api_key_env=KEY_ENV,
                           max_concurrent_requests=2)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 
@@ -42,12 +42,12 @@ def _stop_with_parent() -> None:
 
 @contextmanager
 def server_process(command: Sequence[str], ready_url: str, *, name: str, error: type[Exception],
-                   startup_timeout: float) -> Iterator[subprocess.Popen]:
+                   startup_timeout: float, env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Run `command` until `ready_url` answers, yield its process, stop it on exit. A process that
     exits first, or a URL silent past `startup_timeout`, raises `error` naming `name`."""
     log_file = tempfile.TemporaryFile(mode="w+")  # the server's log; its last line names a failure
     process = subprocess.Popen(list(command), stdout=subprocess.DEVNULL, stderr=log_file, text=True,
-                               preexec_fn=_stop_with_parent)
+                               env=None if env is None else dict(env), preexec_fn=_stop_with_parent)
     try:
         deadline = time.monotonic() + startup_timeout
         while not answers(ready_url, timeout=1.0):
