@@ -115,7 +115,7 @@ def test_preset_command_applies_a_validated_preset(kbench_root, capsys):
     [
         ("methods: [none, bogus]\n", "methods", "'noise', 'none'"),
         ("substrates: [C, Q-fake]\n", "substrates", "'C', 'P', 'R-struct', 'R-text'"),
-        ("model:\n  backend: vllm-direct\n", "model.backend", "'hf', 'openai'"),
+        ("model:\n  backend: vllm-direct\n", "model.backend", "'hf', 'llama-cpp', 'openai'"),
     ],
 )
 def test_unregistered_names_fail_at_start_up_naming_the_registered_ones(kbench_root, capsys, section, key, registered):
