@@ -12,7 +12,6 @@ backend refuses (weight and forward-hook methods, substrate P, the agent base) t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing.util
 import tempfile
@@ -104,4 +103,3 @@ class LlamaCppBackend(OpenAIBackend):
         except ServingError as exc:
             raise BackendError(str(exc)) from None
         self._connect(config, base_url, ALIAS, "local")
-        self.served_path = config.path
