@@ -86,6 +86,10 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
             process.terminate()
     for process in processes:
         process.join()
+    # The pool's own thread may reap a worker between our waitpid and its record of the exit code
+    deadline = time.monotonic() + 10
+    while any(process.exitcode is None for process in processes) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _timed(task: Callable[[Any], Any], item: Any) -> tuple[Any, float]:
