@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import yaml
+from dvc.utils.serialize import modify_yaml
 
 from kbench.cli.main import main
 from kbench.config import ParamsError, load_params, parse_params
@@ -29,6 +30,20 @@ def test_shipped_params_are_valid(name):
 
 def _method_keys(keys):
     return {key for key in keys if key.startswith("method_params.")}
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu-full.yaml"])
+def test_a_params_file_rewritten_by_dvc_exp_run_set_param_is_the_same_design(tmp_path, name):
+    """`dvc exp run -S key=value` rewrites params.yaml (YAML 1.2, quotes dropped: "no" -> no);
+    every other key still reads as it did."""
+    path = tmp_path / "params.yaml"
+    shutil.copy(REPO / name, path)
+    with modify_yaml(path) as data:
+        data["seeds"] = [0, 1, 2]
+    assert re.search(r"mixed_precision: no\b", path.read_text())  # what made YAML 1.1 read false
+    changed = load_design(path)
+    assert changed.seeds == [0, 1, 2]
+    assert changed.model_copy(update={"seeds": load_design(REPO / name).seeds}) == load_design(REPO / name)
 
 
 def test_presets_set_every_key_and_the_same_keys():

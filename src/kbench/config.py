@@ -591,10 +591,28 @@ def parse_params(data: dict[str, Any], *, source: str = "params") -> Params:
         raise ParamsError(f"{source}: {format_validation_error(exc)}") from None
 
 
+class ParamsLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans (true/false only): `dvc exp run -S` rewrites
+    params.yaml and unquotes strings such as "no", which YAML 1.1 would read as false."""
+
+
+ParamsLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ParamsLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+
+
+def read_yaml(text: str) -> Any:
+    """A params or preset file's data, read as DVC reads it (`ParamsLoader`)."""
+    return yaml.load(text, Loader=ParamsLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ParamsError(f"cannot read params file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

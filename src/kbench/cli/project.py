@@ -15,6 +15,7 @@ import yaml
 
 from kbench import tracking
 from kbench.backends.packaged import DEFAULT_MODEL_DIR, ensure_default_model
+from kbench.config import read_yaml
 from kbench.corpus import load_corpus
 from kbench.design import check_model_present, load_design
 from kbench.parametric import agent_model_config
@@ -82,7 +83,7 @@ _UNPARSABLE = object()
 def _yaml_data(path: Path) -> Any:
     """The parsed YAML of `path`, or `_UNPARSABLE`."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return read_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError:
         return _UNPARSABLE
 
