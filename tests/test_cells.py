@@ -138,3 +138,15 @@ def test_controls_run_every_substrate_and_seed_through_the_queue(kbench_root, mo
         ("C", "0"), ("C", "1"), ("R-text", "0"), ("R-text", "1")]
     assert {p.relative_to(kbench_root / "controls").as_posix() for p in (kbench_root / "controls").glob("*/none/lora-d")} == {
         "C__s0/none/lora-d", "C__s1/none/lora-d", "R-text__s0/none/lora-d", "R-text__s1/none/lora-d"}
+
+
+def test_a_p_cell_stage_without_p_recipes_writes_its_empty_folder(kbench_root):
+    """p_recipes: [] keeps P out of the design, but dvc.yaml's cell_p stage still runs: it leaves
+    its (empty) output folder and no cell, instead of failing."""
+    from kbench.stages import cell as cell_stage
+
+    params = Params(methods=["none"], p_recipes=[])
+    options = cell_stage.Options(substrate="P", seed=0, all_methods=True, out_root=kbench_root / "cells")
+    assert cell_stage.main(params, options) == 0
+    assert list((kbench_root / "cells").iterdir()) == [kbench_root / "cells" / "P__s0"]
+    assert not any((kbench_root / "cells" / "P__s0").iterdir())

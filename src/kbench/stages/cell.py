@@ -433,6 +433,11 @@ def main(params: Params, options: Options) -> int:
         raise ValueError("kbench cell needs --substrate and --seed (or --controls)")
     if options.substrate == PARAMETRIC:
         require_weights(params, f"{PARAMETRIC} cell", "loads the injected adapters into the model's weights")
+        if not cell_recipes(params, options.substrate, options.recipe):
+            # p_recipes: [] keeps P out of the design; DVC's cell_p stage still needs its folder
+            (options.out_root / f"{PARAMETRIC}__s{options.seed}").mkdir(parents=True, exist_ok=True)
+            log.info("p_recipes is empty: no %s cells (seed %d)", PARAMETRIC, options.seed)
+            return 0
     if options.all_methods:
         run_all_methods(params, options)
         return 0
