@@ -237,6 +237,17 @@ def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_
     assert without_seconds(read_sessions([out / "sessions.jsonl"])) == without_seconds(records)
 
 
+def test_a_design_without_suites_writes_the_page_dvc_expects(kbench_root):
+    import kbench.stages.replay as stage
+    from kbench.config import Params
+
+    params = Params.model_validate({"replay": {"suites": []}})
+    assert stage.main(params, stage.Options()) == 0
+    page = (kbench_root / params.replay.results).read_text()
+    assert page.startswith("# Execution-state lane") and "`replay.suites` is empty" in page
+    assert (kbench_root / params.replay.out_dir).is_dir()
+
+
 def test_the_stage_names_an_unknown_suite_or_operator(tiny_model_dir):  # noqa: F811
     import kbench.stages.replay as stage
     from kbench.config import Params

@@ -54,6 +54,13 @@ def sweep_summary(suite: str, scores: Mapping[str, Mapping[str, Any]]) -> dict[s
     return summary or None
 
 
+def render_no_suites(model: str) -> str:
+    """The page of a design whose `replay.suites` is empty (DVC still expects the page)."""
+    return ("# Execution-state lane: results\n\n"
+            f"Written by the `replay` stage (docs/replay.md) for model `{model}`: no suite ran, `replay.suites` "
+            "is empty in this design's params.\n")
+
+
 def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str,
                    sweeps: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The page for `scores` ({suite: `score_suite` output plus `not_entered`})."""

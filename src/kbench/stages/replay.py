@@ -26,7 +26,7 @@ from kbench.replay.channels import channel_rates
 from kbench.replay.operators import OperatorError, operator_names
 from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, write_sessions
 from kbench.replay.run import SessionResult, TargetNeverEntered, run_session
-from kbench.replay.report import render_results, sweep_summary
+from kbench.replay.report import render_no_suites, render_results, sweep_summary
 from kbench.replay.sessions import SessionPlan
 from kbench.replay.scoring import score_records
 from kbench.replay.suites import check_suite, suite_sessions
@@ -222,6 +222,7 @@ def main(params: Params, options: Options) -> int:
     Path(params.replay.out_dir).mkdir(parents=True, exist_ok=True)
     if not suites:
         log.info("replay.suites is empty: no session to run")
+        io.write_text(params.replay.results, render_no_suites(params.base_model))
         return 0
     check_design(params, suites)
     corpus = load_corpus(options.corpus)
