@@ -19,6 +19,19 @@ def _runs(params, kind):
     )
 
 
+def test_a_local_store_in_a_dvc_temporary_workspace_is_warned_about(tmp_path, monkeypatch, caplog):
+    workspace = tmp_path / ".dvc" / "tmp" / "exps" / "tmpabc123"
+    workspace.mkdir(parents=True)
+    monkeypatch.setenv("KBENCH_ROOT", str(workspace))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracking.open_experiment(Params())
+    assert "temporary workspace" in caplog.text and "MLFLOW_TRACKING_URI" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("KBENCH_ROOT", str(tmp_path))
+    tracking.open_experiment(Params())
+    assert "temporary workspace" not in caplog.text
+
+
 def test_run_round_trip(kbench_root):
     params = Params()
     assert tracking.tracking_uri(params) == f"sqlite:///{kbench_root / 'mlflow.db'}"

@@ -125,6 +125,10 @@ def tracking_server(root: Path, port: int, *, host: str = "127.0.0.1", startup_t
         yield uri
 
 
+#: Where `dvc exp run --queue` / `--temp` run an experiment (a copy of the project, deleted after).
+DVC_TEMP_WORKSPACE = "/.dvc/tmp/exps/"
+
+
 def _quiet_mlflow() -> None:
     # Alembic prints every schema migration at INFO when a fresh SQLite store is created.
     for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
@@ -138,6 +142,10 @@ def open_experiment(params: Params) -> str:
     _quiet_mlflow()
     uri = tracking_uri(params)
     check_server(uri)
+    if uri.startswith("sqlite:") and DVC_TEMP_WORKSPACE in repo_root().as_posix():
+        log.warning("this stage runs in a DVC experiment's temporary workspace (dvc queue / --temp): its MLflow "
+                    "store %s goes when the workspace does; set MLFLOW_TRACKING_URI to a tracking server "
+                    "(`kbench tracking-server`) to keep the runs", uri)
     mlflow.set_tracking_uri(uri)
     name = params.tracking.experiment
     experiment = mlflow.get_experiment_by_name(name)
