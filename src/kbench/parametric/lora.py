@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, get_scheduler
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from kbench.config import LoraConfig, MixedPrecision
 from kbench.workers import process_pool, start_worker, stop_pool, worker_threads
@@ -230,12 +231,9 @@ def packed_forward(model: Any, packed: Packed, *, hidden_layer: int | None = Non
     if packed.is_chain:
         layout = {}
     else:
-        # An additive mask (0 or the dtype's minimum) means the same to eager and sdpa attention.
-        mask = torch.zeros(len(packed.input_ids), len(packed.input_ids), dtype=parameter.dtype)
-        mask.masked_fill_(~packed.attention(), torch.finfo(parameter.dtype).min)
         layout = {
             "position_ids": torch.tensor([packed.positions], device=parameter.device),
-            "attention_mask": mask[None, None].to(parameter.device),
+            "attention_mask": trie_masks(model, packed, parameter.dtype, parameter.device),
         }
     output = model(
         input_ids=torch.tensor([packed.input_ids], device=parameter.device),
@@ -251,6 +249,34 @@ def packed_forward(model: Any, packed: Packed, *, hidden_layer: int | None = Non
         nodes = torch.tensor(packed.predictors, device=parameter.device)
         hidden = output.hidden_states[hidden_layer + 1][0][nodes]
     return scores, hidden
+
+
+def attention_kinds(model: Any) -> list[str]:
+    """The kinds of attention layer the model's config lays out (transformers' layer types)."""
+    return sorted(set(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0]))
+
+
+def trie_masks(model: Any, packed: Packed, dtype: torch.dtype, device: Any) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The additive attention mask (0 or the dtype's minimum: the same to eager and sdpa) that
+    keeps each node on its path; a sliding-window layer also sees only the nodes less than its
+    window behind (by position), as it does alone. A model whose layers are of one kind takes one
+    mask; one with full and sliding layers (Gemma 3) a mask per layer type, as its forward accepts."""
+    config = model.config.get_text_config(decoder=True)
+    kinds = attention_kinds(model)
+    allowed = packed.attention()
+    positions = torch.tensor(packed.positions)
+    masks = {}
+    for kind in kinds:
+        if kind == "sliding_attention":
+            keep = allowed & (positions[:, None] - positions[None, :] < config.sliding_window)
+        elif kind == "full_attention":
+            keep = allowed
+        else:
+            raise LoraError(f"packed training supports full and sliding-window attention layers, not {kind} "
+                            "(docs/models.md, architectures)")
+        mask = torch.zeros(keep.shape, dtype=dtype).masked_fill_(~keep, torch.finfo(dtype).min)
+        masks[kind] = mask[None, None].to(device)
+    return masks[kinds[0]] if len(kinds) == 1 else masks
 
 
 def _scored(logits: torch.Tensor) -> torch.Tensor:
@@ -305,6 +331,9 @@ def micro_batch_backward(model: Any, rows: Sequence[Example], settings: LoraConf
     agent engine, it assumes one full-attention key/value tensor per layer.
     """
     stem = stem_length(rows) if settings.packing == "stem" else 0
+    if stem and attention_kinds(model) != ["full_attention"]:
+        raise LoraError(f"packing: stem keeps one full-attention key/value tensor per layer; this model has "
+                        f"{', '.join(attention_kinds(model))} layers: use packing: trie")
     if stem == 0:
         with autocast(model, settings.mixed_precision):
             loss_sum, _ = label_position_loss(model, rows)
