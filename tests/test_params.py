@@ -23,7 +23,8 @@ def _keys(data, prefix=""):
     return keys
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml"])
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml",
+                                  "presets/cpu-gemma.yaml"])
 def test_shipped_params_are_valid(name):
     load_design(REPO / name)  # the schema, the registries and every method's section
 
@@ -53,6 +54,17 @@ def test_presets_set_every_key_and_the_same_keys():
     assert _keys(cpu) - _method_keys(_keys(cpu)) == _keys(paper) - _method_keys(_keys(paper))
     # Every schema key is written out: params.yaml is the single source of truth.
     assert _keys(load_params(REPO / "presets/cpu.yaml").model_dump()) == _keys(cpu)
+
+
+def test_the_gemma_preset_is_the_default_design_on_the_second_family():
+    cpu, gemma = (load_design(REPO / f"presets/{name}.yaml") for name in ("cpu", "cpu-gemma"))
+    assert gemma.model.path == "models/gemma3-270m"
+    pages = {"report": {"results": "docs/results-gemma.md"}, "replay": {"results": "docs/results-replay-gemma.md"},
+             "memory": {"results": "docs/results-memory-gemma.md"}}
+    for section, values in pages.items():
+        assert getattr(gemma, section).model_dump(include=set(values)) == values
+    same = {section: getattr(cpu, section).model_copy(update=values) for section, values in pages.items()}
+    assert gemma == cpu.model_copy(update={**same, "model": cpu.model.model_copy(update={"path": gemma.model.path})})
 
 
 def test_cpu_full_preset_runs_every_method_with_power_and_two_seeds():
