@@ -1,16 +1,19 @@
-"""llama.cpp's server for real: the default model converted to GGUF by llama.cpp's converter,
-served on 127.0.0.1, answering Mem0's JSON-object requests, running the `mem0` memory system on
+"""llama.cpp's server for real: a model with SmolLM2's tokenizer converted to GGUF by llama.cpp's
+converter, served on 127.0.0.1, answering Mem0's JSON-object requests, running the `mem0` memory system on
 one instance and stopped afterwards; a cell run through the `llama-cpp` backend, which starts its
 own server; a file that is no model and an endpoint that does not answer are one clear error each."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import urllib.parse
 from datetime import date
 
 import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from kbench.backends import llama_cpp as llama_cpp_backend
 from kbench.backends.llama_cpp import LlamaCppBackend
@@ -23,7 +26,19 @@ from test_endpoint_preset import _preset, _write
 
 @pytest.fixture(scope="module")
 def served(default_model, tmp_path_factory):
-    gguf = to_gguf(default_model, tmp_path_factory.mktemp("gguf") / "model.gguf")
+    """A 2-layer random-weight model with SmolLM2's tokenizer and chat template, converted by
+    llama.cpp's converter and served: Mem0's ~8.6k-token prompts take seconds instead of the half
+    minute each takes on SmolLM2 (the cell test below serves the real model)."""
+    folder = tmp_path_factory.mktemp("tiny-smol")
+    for path in default_model.iterdir():
+        if "token" in path.name or path.name in ("chat_template.jinja", "generation_config.json"):
+            shutil.copy(path, folder / path.name)
+    config = AutoConfig.from_pretrained(default_model)
+    config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    gguf = to_gguf(folder, tmp_path_factory.mktemp("gguf") / "model.gguf")
     with llama_server(gguf, alias="smol", threads=2, n_ctx=16384, trained_ctx=8192) as base_url:
         yield base_url
     port = urllib.parse.urlsplit(base_url).port
@@ -46,6 +61,8 @@ def test_the_server_answers_json_objects_on_loopback(served):
 
 @pytest.mark.slow
 def test_mem0_runs_an_instance_through_the_server(served, default_model, small_corpus):  # noqa: F811
+    """The plumbing: Mem0's requests reach the server and come back (random weights: each extraction
+    is counted as failed, not raised); the default run's memory lane runs mem0 on SmolLM2 itself."""
     from kbench.backends import build_backend
     from kbench.config import ModelConfig
     from kbench.memory import make_instances
@@ -56,7 +73,7 @@ def test_mem0_runs_an_instance_through_the_server(served, default_model, small_c
     endpoint = LlmEndpoint(served, "smol", 128)
     run = run_instance(lambda: memory_system_class("mem0")(backend, endpoint=endpoint), instance)
     assert len(run.items) == len(instance.probes) and {i.system for i in run.items} == {"mem0"}
-    assert set(run.memories) == {"control", "forget"} and run.failures >= 0
+    assert set(run.memories) == {"control", "forget"} and run.failures > 0
     # Mem0's prompt is dated by the session, not the wall clock: today's date appears in no memory
     assert date.today().isoformat() not in "\n".join(run.memories.values())
 
