@@ -4,23 +4,25 @@ matrix, attacker-budget flips, leak-pattern TV and τ, η², LoRA-D controls, mi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from _comparison_cells import BASELINE_RETAIN, cell_run, design
+from _comparison_cells import BASELINE_RETAIN, SEEDS, cell_run, design
 
 from kbench.comparison.analysis import DESIGN_FACTORS, RowKey, compare, sensitivity
 from kbench.comparison.collect import CellRunInfo, latest_per_key
 from kbench.comparison.plots import k_score_frame, selectivity_frame
-from kbench.comparison.report import Provenance, render_markdown
+from kbench.comparison.report import Provenance, ResultsHeader, comparison_json, render_markdown, render_results
 from kbench.comparison.tables import (
     attacker_budget_table,
     budget_verdict_table,
     leaderboards,
     leak_pattern_table,
+    model_verdict_table,
     reach_line,
     separation_table,
     verdict_matrix,
@@ -420,3 +422,42 @@ def test_the_report_shows_the_probe_tables_only_when_the_stage_ran(probed):
     from kbench.comparison.report import comparison_json
 
     assert comparison_json(comparison, provenance, summary)["probes"] == summary
+
+
+def _on_model(cells, base_model):
+    """The same cells measured on another base model."""
+    return [dataclasses.replace(c, base_model=base_model, run_id=c.run_id.replace(c.base_model, base_model, 1))
+            for c in cells]
+
+
+def test_two_base_models_give_verdicts_side_by_side_and_the_tv_between_their_patterns():
+    """The base model as a factor: one model's cells alone give no cross-model tables; the same
+    design measured on a second model, where `halver` leaks as much as the baseline, gives the
+    verdict table with that row marked and the other rows agreeing, TV 0 between identical
+    baseline patterns and a filled base-model η² factor."""
+    assert compare(design()).models is None
+    other = _on_model(design(), "other")
+    other = [dataclasses.replace(c, records=tuple(r for r in cell_run(
+        "halver", "C", forget={"answer": 16, "clean": 4}, retain=BASELINE_RETAIN, seed=c.seed,
+        base_model="other").records)) if (c.method, c.substrate) == ("halver", "C") else c for c in other]
+    comparison = compare(design() + other)
+    across = comparison.models
+    assert across.models == ("other", "tiny")
+    rows = {(r.method, r.substrate): r for r in across.verdicts}
+    one = {r.key.method_label: r.verdict.verdict for r in compare(design()).tested if r.key.substrate == "C"}
+    assert dict(rows["halver", "C"].verdicts)["tiny"] == one["halver"]
+    assert dict(rows["halver", "C"].verdicts)["other"] != one["halver"] and not rows["halver", "C"].agree
+    assert all(row.agree for key, row in rows.items() if key != ("halver", "C"))
+    assert across.disagreements == 1
+    tvs = {p.substrate: p.tv for p in across.baseline_tv}
+    assert tvs["C"] == 0.0 and tvs["R-text"] is None  # identical baselines; R-text's is invalid
+    factor = {e.factor: e for e in comparison.sensitivity.effects}["base_model"]
+    assert factor.levels == 2 and factor.eta_squared is not None
+
+    table = model_verdict_table(comparison)
+    assert table.columns == ("Substrate", "Method", "other", "tiny", "Agree")
+    assert ("C", "halver", rows["halver", "C"].verdicts[0][1], one["halver"], "**no**") in table.rows
+    page = render_results(comparison, ResultsHeader("d", 20, SEEDS, "tiny", "c"))
+    assert "## Across base models" in page and "1 of" in page and "Baseline leak patterns across base models" in page
+    assert "## Across base models" not in render_results(compare(design()), ResultsHeader("d", 20, SEEDS, "tiny", "c"))
+    assert comparison_json(comparison)["models"]["disagreements"] == 1 and "models" not in comparison_json(compare(design()))

@@ -4,6 +4,7 @@ files it writes, the `compare` run, and the HTML report rendered in headless Chr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -306,3 +307,25 @@ def test_the_results_page_of_the_fixture_design_is_the_committed_one():
         GOLDEN_RESULTS.parent.mkdir(exist_ok=True)
         GOLDEN_RESULTS.write_text(page, encoding="utf-8")
     assert page == GOLDEN_RESULTS.read_text(encoding="utf-8")
+
+
+def test_report_models_reads_the_same_design_on_another_base_model(kbench_root):
+    """`report.models`: the comparison reads this design's runs on the base models named there
+    too, and shows the verdicts side by side; without it, the other model's runs are out of design."""
+    params = tiny_params(methods=["none", "eraser", "halver"], substrates=["C"])
+    on_tiny = [c for c in design() if (c.substrate, c.recipe) == ("C", "none") and c.method in params.methods]
+    other_params = params.model_copy(update={"model": params.model.model_copy(update={"path": "models/other"})})
+    on_other = [dataclasses.replace(c, base_model="other", run_id=f"other-{c.run_id}") for c in on_tiny]
+    for params_of, cells, folder in ((params, on_tiny, "tiny"), (other_params, on_other, "other")):
+        for cell in cells:
+            log_cell(params_of, cell, kbench_root / folder)
+
+    alone = run_compare_stage(params, kbench_root / "alone")
+    assert alone.comparison.models is None and alone.cell_runs == len(on_tiny)
+    assert alone.not_in_design == len(on_other)  # the other model's cells, by key
+
+    both = run_compare_stage(params.model_copy(update={"report": params.report.model_copy(
+        update={"models": ["models/other"]})}), kbench_root / "both")
+    assert both.cell_runs == len(on_tiny) + len(on_other) and both.not_in_design == 0
+    assert both.comparison.models.models == ("other", "tiny") and both.comparison.models.disagreements == 0
+    assert "Across base models" in (kbench_root / "both" / "index.html").read_text()

@@ -511,6 +511,9 @@ class ReportConfig(_Section):
     #: The results page the `compare` stage writes for this design (docs/results.md for the
     #: default params; each preset names its own, so a committed page is never overwritten).
     results: str = "docs/results.md"
+    #: Other base models (`model.path` values) whose runs of this same design the comparison reads
+    #: beside this model's: the base model as a factor (docs/comparison.md, "Across base models").
+    models: list[str] = []
 
 
 #: `methods: all`: every registered method (`kbench.methods.all_methods`).

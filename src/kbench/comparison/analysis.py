@@ -347,6 +347,69 @@ class Sensitivity:
 
 
 @dataclass(frozen=True)
+class ModelPairTV:
+    """Two base models' baseline leak patterns on one substrate: the TV between their share vectors."""
+
+    substrate: str  # the substrate's label (`P (merged)` for a variant recipe)
+    first: str
+    second: str
+    #: None when either baseline has no share vector (it never leaked) or fails a validity gate.
+    tv: float | None
+
+
+@dataclass(frozen=True)
+class VerdictAcrossModels:
+    """One method on one substrate, its verdict under each base model (RQ4: the model as a factor)."""
+
+    method: str  # the method's label (with its recipe off the substrate's default)
+    substrate: str  # the substrate's label
+    #: (base model, verdict) in the comparison's model order; None: no row of that model.
+    verdicts: tuple[tuple[str, str | None], ...]
+
+    @property
+    def agree(self) -> bool:
+        """Every model has the row and gives it the same verdict."""
+        found = [verdict for _, verdict in self.verdicts]
+        return None not in found and len(set(found)) == 1
+
+
+@dataclass(frozen=True)
+class AcrossModels:
+    """The base model read as a factor of the comparison (present with two models or more)."""
+
+    models: tuple[str, ...]
+    baseline_tv: tuple[ModelPairTV, ...]
+    verdicts: tuple[VerdictAcrossModels, ...]
+
+    @property
+    def disagreements(self) -> int:
+        return sum(not row.agree for row in self.verdicts)
+
+
+def across_models(results: Sequence[RowResult], patterns: Sequence[LeakPatterns]) -> AcrossModels | None:
+    """Each pair of base models' baseline TV per substrate and each (method, substrate)'s verdict
+    per model; None when the rows hold fewer than two base models."""
+    models = tuple(sorted({r.key.base_model for r in results}))
+    if len(models) < 2:
+        return None
+    shares = {(p.base_model, s.key.substrate_label): None if s.invalid else s.metrics.shares
+              for p in patterns for s in (*p.substrates, *p.recipes)}
+    substrates = sorted({label for _, label in shares})
+    pairs = []
+    for substrate in substrates:
+        for first, second in itertools.combinations(models, 2):
+            a, b = shares.get((first, substrate)), shares.get((second, substrate))
+            pairs.append(ModelPairTV(substrate, first, second, None if a is None or b is None else tv_distance(a, b)))
+    by_row: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    for r in results:
+        if not r.key.is_baseline:
+            by_row[r.key.method_label, r.key.substrate_label][r.key.base_model] = r.verdict.verdict
+    verdicts = tuple(VerdictAcrossModels(method, substrate, tuple((m, found.get(m)) for m in models))
+                     for (method, substrate), found in sorted(by_row.items(), key=lambda item: (item[0][1], item[0][0])))
+    return AcrossModels(models, tuple(pairs), verdicts)
+
+
+@dataclass(frozen=True)
 class Comparison:
     rows: tuple[RowResult, ...]
     controls: tuple[ControlResult, ...]
@@ -357,6 +420,8 @@ class Comparison:
     #: The ReAct answer rules (agent.answer_rule) the compared traces were parsed with, sorted;
     #: None for traces that do not record one (another harness, or written before it was named).
     answer_rules: tuple[str | None, ...] = ()
+    #: The base model as a factor: None unless the cells hold two base models or more.
+    models: AcrossModels | None = None
 
     @property
     def tested(self) -> tuple[RowResult, ...]:
@@ -623,13 +688,15 @@ def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None) -> Co
     rows = group_rows(cells, config.rule)
     metrics = _Metrics(config)
     results = _row_results(rows, config, metrics)
+    patterns = _leak_patterns(rows, results, metrics)
     rows_by_rule = {rule: rows if rule == config.rule else group_rows(cells, rule) for rule in scoring_rule_names()}
     return Comparison(
         rows=tuple(results),
         controls=tuple(_controls(rows, metrics)),
         missing=tuple(_missing(rows)),
-        leak_patterns=tuple(_leak_patterns(rows, results, metrics)),
+        leak_patterns=tuple(patterns),
         sensitivity=sensitivity(_seed_k_scores(rows_by_rule, [r.key for r in results], metrics)),
         config=config,
         answer_rules=_answer_rules(cells),
+        models=across_models(results, patterns),
     )

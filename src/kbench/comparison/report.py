@@ -26,6 +26,8 @@ from kbench.comparison.tables import (
     leak_pattern_table,
     leaderboards,
     missing_baseline_table,
+    model_tv_table,
+    model_verdict_table,
     not_in_design_table,
     probe_baseline_table,
     probe_method_table,
@@ -135,7 +137,9 @@ K-Score; invalid-baseline rows have no verdict. K = (1 − graded OR forget) · 
 
 <h2 id="leak-patterns">Substrate leak patterns</h2>
 <img alt="per-channel CER by substrate" src="{{ images.cer_by_substrate }}">
-{% for pair in leak_patterns %}{{ render(pair[0]) }}{{ render(pair[1]) }}{% endfor %}
+{% for pair in leak_patterns %}{{ render(pair[0]) }}{{ render(pair[1]) }}{% endfor %}{% if models %}
+<h2 id="models">Across base models</h2>
+{% for table in models %}{{ render(table) }}{% endfor %}{% endif %}
 
 <h2 id="selectivity">Selectivity</h2>
 <p class="note">Each (substrate, method) row as a point: forget OR(all) on x, retain OR(all) on y; the
@@ -186,6 +190,7 @@ def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: 
         ],
         controls=control_table(comparison),
         sensitivity=sensitivity_table(comparison),
+        models=[model_verdict_table(comparison), model_tv_table(comparison)] if comparison.models else [],
         images={name: _data_uri(path) for name, path in images.items()},
         zip=zip,
     )
@@ -298,6 +303,9 @@ def render_results(comparison: Comparison, header: ResultsHeader, probes: Mappin
         table = leak_pattern_table(patterns)
         parts += [markdown_table(table.select([c for c in table.columns if c not in _PATTERN_COLUMNS_DROPPED])),
                   markdown_table(separation_table(patterns, comparison.config.tau_factor))]
+    if comparison.models:
+        parts += ["## Across base models\n", markdown_table(model_verdict_table(comparison)),
+                  markdown_table(model_tv_table(comparison)), markdown_table(sensitivity_table(comparison))]
     return "\n".join(parts)
 
 
@@ -331,7 +339,7 @@ def comparison_json(comparison: Comparison, provenance: Provenance | None = None
         "design": {"description": provenance.design, "corpus": provenance.corpus, "model": provenance.model},
         "not_in_design": [vars(r) for r in provenance.not_in_design],
     }
-    return {
+    out = {
         **design,
         "rows": [
             {
@@ -406,3 +414,12 @@ def comparison_json(comparison: Comparison, provenance: Provenance | None = None
             "levels": {e.factor: e.levels for e in comparison.sensitivity.effects},
         },
     }
+    if comparison.models:  # two base models or more (absent otherwise: one model's file is unchanged)
+        out["models"] = {
+            "models": list(comparison.models.models),
+            "disagreements": comparison.models.disagreements,
+            "verdicts": [{"method": r.method, "substrate": r.substrate, "verdicts": dict(r.verdicts), "agree": r.agree}
+                         for r in comparison.models.verdicts],
+            "baseline_tv": [dataclasses.asdict(p) for p in comparison.models.baseline_tv],
+        }
+    return out

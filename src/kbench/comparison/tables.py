@@ -193,6 +193,36 @@ def verdict_matrix(comparison: Comparison) -> Table:
     )
 
 
+def model_verdict_table(comparison: Comparison) -> Table:
+    """(method, substrate) → verdict per base model, disagreements marked (an empty table with one model)."""
+    across = comparison.models
+    if across is None:
+        return Table("Verdicts across base models", ("Substrate", "Method", "Agree"), ())
+    rows = tuple((row.substrate, row.method, *(verdict or "" for _, verdict in row.verdicts),
+                  "yes" if row.agree else "**no**") for row in across.verdicts)
+    return Table(
+        title="Verdicts across base models",
+        columns=("Substrate", "Method", *across.models, "Agree"),
+        rows=rows,
+        note=f"{across.disagreements} of {len(across.verdicts)} rows disagree (a blank verdict: that model has "
+        "no such row, which counts as a disagreement). Each model's verdict is read against its own baseline.",
+    )
+
+
+def model_tv_table(comparison: Comparison) -> Table:
+    """Each pair of base models' baseline leak patterns per substrate: the TV between their share vectors."""
+    across = comparison.models
+    pairs = () if across is None else across.baseline_tv
+    return Table(
+        title="Baseline leak patterns across base models",
+        columns=("Substrate", "Models", "TV"),
+        rows=tuple((p.substrate, f"{p.first} · {p.second}", fmt_rate(p.tv)) for p in pairs),
+        note="TV between the two models' seed-pooled baseline share vectors (forget split); "
+        f"{MISSING}: one baseline never leaked or fails a validity gate. Each model's own leak "
+        "pattern, τ and substrate pairs are in the leak-pattern tables.",
+    )
+
+
 def _flip_count(results: Sequence[RowResult]) -> str:
     tested = [r for r in results if r.by_budget]
     return f"{sum(r.flips for r in tested)} / {len(tested)}" if tested else MISSING

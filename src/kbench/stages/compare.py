@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -89,6 +90,12 @@ def probe_summary(params: Params) -> dict[str, Any] | None:
         raise CompareError(f"{path} is unreadable ({exc}); rerun `kbench probes`") from None
 
 
+def compared_models(params: Params) -> list[Design]:
+    """The design on each base model of `report.models` (its `model.path`), to read beside its own."""
+    return [Design.of(params.model_copy(update={"model": params.model.model_copy(update={"path": path})}))
+            for path in params.report.models]
+
+
 class CompareError(ValueError):
     """An input of the comparison is unreadable."""
 
@@ -101,6 +108,12 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
     experiment_id = tracking.open_experiment(params)
     design = Design.of(params)
     cells, selection = collect_cells(experiment_id, design)
+    for other in compared_models(params):  # report.models: the same design on other base models
+        found, theirs = collect_cells(experiment_id, other)
+        log.info("%d cell runs of this design on base model %s", len(found), other.base_model)
+        cells += found
+        read = {member.key for member in theirs.members}
+        selection = dataclasses.replace(selection, others=tuple(o for o in selection.others if o.key not in read))
     if not cells:
         log.warning("experiment %r has no finished cell runs of this design: the report is empty",
                     params.tracking.experiment)
