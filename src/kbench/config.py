@@ -26,6 +26,7 @@ from kbench.names import (
     SPEC_ANSWER_RULE,
     STRUCT_RETRIEVAL,
     TEXT_RETRIEVAL,
+    TIERS,
     AnswerRule,
     DecodeEngine,
     PRecipe,
@@ -470,9 +471,9 @@ class MemoryConfig(_Section):
 
     @model_validator(mode="after")
     def _tiers(self) -> MemoryConfig:
-        unknown = sorted(set(self.per_tier) - {"short", "medium", "long", "xlong"})
+        unknown = sorted(set(self.per_tier) - set(TIERS))
         if unknown:
-            raise ValueError(f"memory.per_tier: unknown length tier(s) {unknown}; tiers: short, medium, long, xlong")
+            raise ValueError(f"memory.per_tier: unknown length tier(s) {unknown}; tiers: {', '.join(TIERS)}")
         if any(n < 0 for n in self.per_tier.values()):
             raise ValueError("memory.per_tier: counts must be at least 0")
         return self

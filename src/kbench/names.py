@@ -48,6 +48,10 @@ DecodeEngine = Literal["kv", "generate"]
 DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
 KV_ENGINE, GENERATE_ENGINE = DECODE_ENGINES
 
+#: The memory lane's instance length tiers (SPEC §15; `memory.per_tier`, `kbench.memory`).
+Tier = Literal["short", "medium", "long", "xlong"]
+TIERS: tuple[str, ...] = get_args(Tier)
+
 #: The models the probes stage reads (`kbench.stages.probes`), as the comparison finds them in
 #: its summary file: the agent base (what C, R-text and R-struct deploy), the LoRA-D control,
 #: and on P one key per (recipe, method), `probed_p_key`.

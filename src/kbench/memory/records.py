@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from kbench import io
 from kbench.config import format_validation_error
+from kbench.names import TIERS, Tier
 
 #: F1 delete one fact; F2 a topic; F3 a session; F4 an inferred fact; F5 retract as untrue; F6 replace a value.
 RequestType = Literal["F1", "F2", "F3", "F4", "F5", "F6"]
@@ -22,13 +23,11 @@ Suite = Literal["RA", "FE", "PR", "RLA", "AR"]
 Attack = Literal["direct", "indirect", "boolean", "jailbreak", "completion"]
 #: The dialogue with the forget requests injected, and the identical one without them.
 Version = Literal["forget", "control"]
-Tier = Literal["short", "medium", "long", "xlong"]
 
 REQUEST_TYPES: tuple[str, ...] = get_args(RequestType)
 SUITES: tuple[str, ...] = get_args(Suite)
 ATTACKS: tuple[str, ...] = get_args(Attack)
 VERSIONS: tuple[str, ...] = get_args(Version)
-TIERS: tuple[str, ...] = get_args(Tier)
 RA, FE, PR, RLA, AR = SUITES
 FORGET_VERSION, CONTROL_VERSION = VERSIONS
 #: The replacement request: its new value becomes the truth, the old one must be forgotten.
