@@ -203,3 +203,22 @@ def test_mcq_accuracy_of_a_random_model_is_near_chance(tiny_model_dir):
     picks = [mcq_choice([sum(o) / len(o) for o in logprobs[i * 4 : i * 4 + 4]]) for i in range(len(items.questions))]
     assert len(picks) >= 150
     assert sum(p == 0 for p in picks) / len(picks) == pytest.approx(0.25, abs=0.1)
+
+
+def test_a_model_without_the_kv_engine_is_probed_row_by_row_to_the_engines_numbers(tiny_model_dir):  # noqa: F811
+    """`model.engine: generate` (as a sliding-window model falls back to): the probes score and
+    continue each row alone with plain forward passes and `generate`, which give what the engine
+    gives on a model it can hold."""
+    corpus = generate_corpus(CorpusConfig(n_entities=40))
+    params = parse_params({"queries": {"n_per_split": 2}, "agent_base": {"enabled": False},
+                           "injection": {"adapter_pool_entities": 1}, "probes": {"max_new_tokens": 8}})
+    items = probe_items(corpus, params)
+    method = build_method("none", MethodContext(corpus, params, seed=0))
+    engine = ProbeRunner(build_backend(ModelConfig(path=str(tiny_model_dir))), method, params.probes)
+    alone = ProbeRunner(build_backend(ModelConfig(path=str(tiny_model_dir), engine="generate")), method, params.probes)
+    assert engine.backend.session() is not None and alone.backend.session() is None
+    rows = [(q.query, q.prompt, stem, text) for q in items.questions[:4] for stem, text in q.candidates()]
+    for by_engine, by_row in zip(engine.score(rows), alone.score(rows)):
+        assert by_row == pytest.approx(by_engine, abs=1e-4)
+    prompts = [(q.query, q.prompt, "") for q in items.questions[:4]]
+    assert alone.generate(prompts) == engine.generate(prompts)

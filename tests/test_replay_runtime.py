@@ -324,3 +324,21 @@ def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     assert sweep_summary("other", scores) is None
     page = render_results(scores, model="m", params_digest="d", sweeps={"s": summary})
     assert "**τ sweep, s**" in page and "| 4 | 300 | 600 |" in page
+
+
+def test_a_model_the_kv_engine_cannot_hold_is_refused_in_one_line(tmp_path, tiny_model_dir):  # noqa: F811
+    import json
+    import shutil
+
+    import kbench.stages.replay as stage
+    from kbench.config import Params
+
+    sliding = tmp_path / "sliding"
+    shutil.copytree(tiny_model_dir, sliding)
+    config = json.loads((sliding / "config.json").read_text())
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=8)
+    (sliding / "config.json").write_text(json.dumps(config))
+    params = Params.model_validate({"agent_base": {"out_dir": str(sliding)}})
+    with pytest.raises(stage.ReplayStageError, match=r"runs on the KV engine, which cannot hold .*sliding_attention.*"
+                                                      r"set replay.suites: \[\]"):
+        stage.main(params, stage.Options())

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from kbench import io
 from kbench.backends.base import (
@@ -94,6 +94,14 @@ def load_weights(config: ModelConfig, path: str | Path | None = None) -> Any:
     """The model of `load_model` alone: `functools.partial(load_weights, config)` is a picklable
     loader for a process that needs the same weights (`train_lora(loader=)`)."""
     return load_model(config, path)[0]
+
+
+def engine_reason(path: str | Path) -> str | None:
+    """Why the KV engine cannot decode the model folder at `path` (None: it can), read from its
+    config alone (the model built on the meta device, no weights loaded)."""
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device("meta"):
+        return engine_support(AutoModelForCausalLM.from_config(config))
 
 
 def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:

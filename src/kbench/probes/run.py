@@ -1,5 +1,6 @@
 """Run the probes' items through one deployed model: teacher-forced log-probabilities and
-greedy continuations, through the KV engine (`Engine.score`, `Engine.generate`), with the
+greedy continuations, through the KV engine (`Engine.score`, `Engine.generate`; for a model
+the engine cannot hold, row by row through plain forward passes and `generate`), with the
 method's input and forward hooks on, as the agent would have them (no output hook: a probe
 reads no thought to filter). The raw rows go to `kbench.probes.summary` (pure scores)."""
 
@@ -9,7 +10,9 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from kbench.backends.hf import HFBackend, encode_prompt
+import torch
+
+from kbench.backends.hf import HFBackend, encode_prompt, end_of_turn_ids
 from kbench.config import ProbesConfig
 from kbench.methods import Method
 from kbench.observer.matcher import match
@@ -53,17 +56,31 @@ class ProbeRunner:
         queries = [q for q, _, _, _ in rows]
         prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix, _ in rows]
         answers = [self._tokens(f" {text}" if prefix else text) for _, _, prefix, text in rows]
+        if self.backend.session() is None:  # no KV engine for this model (sliding-window layers)
+            return [self._score_alone(q, prompt, answer) for q, prompt, answer in zip(queries, prompts, answers)]
         engine = self.backend.engine
         engine.clear_prefixes()
         with self._hooks(queries):
             return engine.score(prompts, answers, share_prefixes=self.share, batch_size=self.config.batch_size)
 
+    def _score_alone(self, query: Query, prompt: list[int], answer: list[int]) -> list[float]:
+        """One row's log-probabilities in one plain forward pass (its hooks see a batch of one)."""
+        model = self.backend.model
+        ids = torch.tensor([prompt + answer], device=next(model.parameters()).device)
+        with self._hooks([query]), torch.inference_mode():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        chosen = torch.tensor(answer, device=logits.device)[:, None]
+        return torch.log_softmax(logits, dim=-1).gather(1, chosen)[:, 0].tolist()
+
     def generate(self, rows: Sequence[tuple[Query, list[dict], str]]) -> list[str]:
         """Greedy continuations of each (query, chat, assistant prefix) row, `batch_size` rows
         at a time (a forward hook sees the rows of its own call)."""
         prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix in rows]
-        engine = self.backend.engine
         tokenizer = self.backend.tokenizer
+        if self.backend.session() is None:  # no KV engine for this model: transformers' generate, row by row
+            return [tokenizer.decode(self._generate_alone(q, prompt), skip_special_tokens=True)
+                    for (q, _, _), prompt in zip(rows, prompts)]
+        engine = self.backend.engine
         texts: list[str] = []
         size = self.config.batch_size
         for start in range(0, len(rows), size):
@@ -74,6 +91,18 @@ class ProbeRunner:
                                           max_new_tokens=self.config.max_new_tokens, share_prefixes=self.share)
             texts += [tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
         return texts
+
+
+    def _generate_alone(self, query: Query, prompt: list[int]) -> list[int]:
+        """One row's greedy continuation by `generate` (end-of-turn token excluded, as the engine's)."""
+        model = self.backend.model
+        ids = torch.tensor([prompt], device=next(model.parameters()).device)
+        eos = end_of_turn_ids(model, self.backend.tokenizer)
+        with self._hooks([query]), torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=self.config.max_new_tokens, eos_token_id=eos,
+                                 pad_token_id=self.backend.tokenizer.pad_token_id or eos[0])
+        return [t for t in out[0, len(prompt):].tolist() if t not in eos]
 
 
 def _question_rows(items: Sequence[ProbeQuestion]) -> list[tuple[Query, list[dict], str, str]]:

@@ -18,8 +18,10 @@ from pathlib import Path
 
 from kbench import io, tracking
 from kbench.backends import Backend, build_backend
+from kbench.backends.hf import engine_reason
 from kbench.config import AgentConfig, Params
 from kbench.corpus import Corpus, load_corpus
+from kbench.names import HF_BACKEND
 from kbench.parametric.agent_base import agent_model_config
 from kbench.records import TraceRecord, iter_traces
 from kbench.replay.channels import channel_rates
@@ -225,6 +227,11 @@ def main(params: Params, options: Options) -> int:
         io.write_text(params.replay.results, render_no_suites(params.base_model))
         return 0
     check_design(params, suites)
+    model = agent_model_config(params)
+    reason = engine_reason(model.path) if model.backend == HF_BACKEND else "it is not a local model"
+    if reason is not None:  # crop, checkpoint and replay act on the engine's cache
+        raise ReplayStageError(f"the execution-state lane runs on the KV engine, which cannot hold {model.path}: "
+                               f"{reason}; set replay.suites: [] for this model (docs/replay.md)")
     corpus = load_corpus(options.corpus)
     scores = {}
     for suite in suites:
