@@ -78,7 +78,8 @@ class ProbeRunner:
         prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix in rows]
         tokenizer = self.backend.tokenizer
         if self.backend.session() is None:  # no KV engine for this model: transformers' generate, row by row
-            return [tokenizer.decode(self._generate_alone(q, prompt), skip_special_tokens=True)
+            eos = end_of_turn_ids(self.backend.model, tokenizer)
+            return [tokenizer.decode(self._generate_alone(q, prompt, eos), skip_special_tokens=True)
                     for (q, _, _), prompt in zip(rows, prompts)]
         engine = self.backend.engine
         texts: list[str] = []
@@ -92,16 +93,15 @@ class ProbeRunner:
             texts += [tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
         return texts
 
-
-    def _generate_alone(self, query: Query, prompt: list[int]) -> list[int]:
-        """One row's greedy continuation by `generate` (end-of-turn token excluded, as the engine's)."""
+    def _generate_alone(self, query: Query, prompt: list[int], eos: list[int]) -> list[int]:
+        """One row's greedy continuation by `generate`, ending at an `eos` id (excluded, as the engine's)."""
         model = self.backend.model
         ids = torch.tensor([prompt], device=next(model.parameters()).device)
-        eos = end_of_turn_ids(model, self.backend.tokenizer)
+        pad = self.backend.tokenizer.pad_token_id
         with self._hooks([query]), torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=self.config.max_new_tokens, eos_token_id=eos,
-                                 pad_token_id=self.backend.tokenizer.pad_token_id or eos[0])
+                                 pad_token_id=eos[0] if pad is None else pad)
         return [t for t in out[0, len(prompt):].tolist() if t not in eos]
 
 
