@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +26,15 @@ def small_corpus() -> Corpus:
 @pytest.fixture(scope="session")
 def params() -> Params:
     return Params()
+
+
+def copy_tokenizer(source: Path, out: Path, *extra: str) -> Path:
+    """The tokenizer files (and chat template) of the model folder `source`, plus the files named
+    in `extra`, copied into `out`: a random-weight model of another config is saved beside them."""
+    for path in source.iterdir():
+        if "token" in path.name or path.name == "chat_template.jinja" or path.name in extra:
+            shutil.copy(path, out / path.name)
+    return out
 
 
 @pytest.fixture(scope="session")

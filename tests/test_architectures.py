@@ -5,7 +5,6 @@ activation methods find its decoder layers. Gemma 3 is the second packaged famil
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from transformers import (
     AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
 )
 
-from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
+from _agent_fixtures import copy_tokenizer, tiny_model_dir  # noqa: F401  (fixture)
 from conftest import REPO
 from kbench.backends import build_backend
 from kbench.backends.engine import engine_support
@@ -50,9 +49,7 @@ def arch_dir(request, tiny_model_dir, tmp_path_factory):  # noqa: F811
     name = request.param
     config_class, arguments, _, _ = ARCHITECTURES[name]
     out = tmp_path_factory.mktemp(f"tiny-{name}")
-    for path in tiny_model_dir.iterdir():
-        if "token" in path.name or path.name == "chat_template.jinja":
-            shutil.copy(path, out / path.name)
+    copy_tokenizer(tiny_model_dir, out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     if name == "gemma3":
         tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})

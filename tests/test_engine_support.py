@@ -8,7 +8,6 @@ are those of `generate`.
 from __future__ import annotations
 
 import logging
-import shutil
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from transformers import (
     AutoConfig, AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
 )
 
-from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
+from _agent_fixtures import copy_tokenizer, tiny_model_dir  # noqa: F401  (fixture)
 from kbench.backends import build_backend
 from kbench.backends import engine as engine_module
 from kbench.backends.base import BackendError
@@ -71,9 +70,7 @@ def sliding_model_dir(tiny_model_dir, tmp_path_factory):  # noqa: F811
     from transformers import AutoTokenizer, MistralForCausalLM
 
     out = tmp_path_factory.mktemp("tiny-sliding")
-    for path in tiny_model_dir.iterdir():
-        if "token" in path.name or path.name == "chat_template.jinja":
-            shutil.copy(path, out / path.name)
+    copy_tokenizer(tiny_model_dir, out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     torch.manual_seed(0)
     config = MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, max_position_embeddings=4096,

@@ -6,7 +6,6 @@ own server; a file that is no model and an endpoint that does not answer are one
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import urllib.parse
 from datetime import date
@@ -20,7 +19,7 @@ from kbench.backends.llama_cpp import LlamaCppBackend
 from kbench.cli.main import main
 from kbench.serving import ServingError, check_endpoint, llama_server, to_gguf
 
-from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+from _agent_fixtures import copy_tokenizer, small_corpus  # noqa: F401  (fixture)
 from test_endpoint_preset import _preset, _write
 
 
@@ -30,9 +29,7 @@ def served(default_model, tmp_path_factory):
     llama.cpp's converter and served: Mem0's ~8.6k-token prompts take seconds instead of the half
     minute each takes on SmolLM2 (the cell test below serves the real model)."""
     folder = tmp_path_factory.mktemp("tiny-smol")
-    for path in default_model.iterdir():
-        if "token" in path.name or path.name in ("chat_template.jinja", "generation_config.json"):
-            shutil.copy(path, folder / path.name)
+    copy_tokenizer(default_model, folder, "generation_config.json")
     config = AutoConfig.from_pretrained(default_model)
     config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16))

