@@ -1,5 +1,5 @@
-"""Each architecture docs/models.md lists, on a tiny random config: the agent decodes it (the KV
-engine, or transformers' `generate` where a layer is not full attention), the LoRA trainer's
+"""Each architecture docs/models.md lists, on a tiny random config: the agent decodes it on the KV
+engine as `generate` does (sliding windows included), the LoRA trainer's
 packed passes see exactly what each example sees alone (sliding windows included), and the
 activation methods find its decoder layers. Gemma 3 is the second packaged family."""
 
@@ -32,10 +32,10 @@ SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_ke
 ARCHITECTURES = {
     "llama": (LlamaConfig, dict(num_hidden_layers=2), ["full_attention"], True),
     "gemma3": (Gemma3TextConfig, dict(num_hidden_layers=6, sliding_window=WINDOW, head_dim=8),
-               ["full_attention", "sliding_attention"], False),
-    "mistral": (MistralConfig, dict(num_hidden_layers=2, sliding_window=WINDOW), ["sliding_attention"], False),
+               ["full_attention", "sliding_attention"], True),
+    "mistral": (MistralConfig, dict(num_hidden_layers=2, sliding_window=WINDOW), ["sliding_attention"], True),
     "qwen2-hybrid": (Qwen2Config, dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=WINDOW,
-                                       max_window_layers=1), ["full_attention", "sliding_attention"], False),
+                                       max_window_layers=1), ["full_attention", "sliding_attention"], True),
 }
 SYSTEM = {"role": "system", "content": "You look people up in the registry and answer with the code only."}
 CHATS = [[SYSTEM, {"role": "user", "content": f"What is the code of person {i}?"},
@@ -78,6 +78,7 @@ def test_the_layer_kinds_and_the_engine_verdict_are_the_documented_ones(arch_dir
 def test_the_agent_decodes_as_generate_does(arch_dir):
     _, folder = arch_dir
     backend = build_backend(ModelConfig(path=str(folder), device="cpu"))
+    assert backend.session() is not None  # the KV engine decodes it
     chats = [chat[:2] for chat in CHATS]
     eos = end_of_turn_ids(backend.model, backend.tokenizer)
     reference = reference_decode(backend.model, backend.tokenizer, chats, max_new_tokens=10, eos_token_ids=eos)

@@ -60,7 +60,7 @@ def test_the_gemma_preset_is_the_default_design_on_the_second_family():
     cpu, gemma = (load_design(REPO / f"presets/{name}.yaml") for name in ("cpu", "cpu-gemma"))
     assert gemma.model.path == "models/gemma3-270m"
     pages = {"report": {"results": "docs/results-gemma.md"},
-             "replay": {"results": "docs/results-replay-gemma.md", "suites": []},  # the lane needs the KV engine
+             "replay": {"results": "docs/results-replay-gemma.md"},
              "memory": {"results": "docs/results-memory-gemma.md"}}
     for section, values in pages.items():
         assert getattr(gemma, section).model_dump(include=set(values)) == values

@@ -333,12 +333,13 @@ def test_a_model_the_kv_engine_cannot_hold_is_refused_in_one_line(tmp_path, tiny
     import kbench.stages.replay as stage
     from kbench.config import Params
 
-    sliding = tmp_path / "sliding"
-    shutil.copytree(tiny_model_dir, sliding)
-    config = json.loads((sliding / "config.json").read_text())
-    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=8)
-    (sliding / "config.json").write_text(json.dumps(config))
-    params = Params.model_validate({"agent_base": {"out_dir": str(sliding)}})
-    with pytest.raises(stage.ReplayStageError, match=r"runs on the KV engine, which cannot hold .*sliding_attention.*"
+    chunked = tmp_path / "chunked"
+    shutil.copytree(tiny_model_dir, chunked)
+    config = json.loads((chunked / "config.json").read_text())
+    config.update(model_type="llama4_text", architectures=["Llama4ForCausalLM"], attention_chunk_size=8,
+                  num_local_experts=1)
+    (chunked / "config.json").write_text(json.dumps(config))
+    params = Params.model_validate({"agent_base": {"out_dir": str(chunked)}})
+    with pytest.raises(stage.ReplayStageError, match=r"runs on the KV engine, which cannot hold .*chunked_attention.*"
                                                       r"set replay.suites: \[\]"):
         stage.main(params, stage.Options())

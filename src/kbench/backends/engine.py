@@ -16,9 +16,12 @@ writes each decoded token's keys and values into the next one (`GrowingLayer`), 
 step copies nothing; no column a state or checkpoint refers to is ever written again, so a
 `Checkpoint` is a token offset plus references, and `restore` is exact.
 
-The engine is built for transformers' full-attention `DynamicLayer` caches as of the pinned
-transformers (pyproject.toml): `engine_support` tells, from the model's config alone, whether
-a model fits; the hf backend decodes one that does not with `generate` instead.
+The engine is built for transformers' `DynamicLayer` caches as of the pinned transformers
+(pyproject.toml). A sliding-window layer keeps its keys and values whole too: the model builds
+its sliding mask from the attention mask, and left padding shifts a row's queries and keys by
+the same number of columns, so the window covers the same tokens as the row alone (Gemma 3,
+Mistral). `engine_support` tells, from the model's config alone, whether a model fits; the hf
+backend decodes one that does not (chunked, linear or shared layers) with `generate` instead.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs,
+)
 
 #: Shared prefixes shorter than this are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
@@ -117,6 +122,10 @@ def unwrap(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+#: Layer kinds the engine decodes, with the cache layer transformers would give each: a full
+#: one, and a sliding window the model masks itself (chunked layers share the class but not the
+#: mask: their chunk borders would move with left padding).
+ENGINE_LAYER_KINDS = {"full_attention": DynamicLayer, "sliding_attention": DynamicSlidingWindowLayer}
 #: What `GrowingLayer` and `growing_cache` read or write on transformers' cache classes.
 _LAYER_FIELDS = ("keys", "values", "is_initialized", "get_seq_length", "update", "get_mask_sizes")
 _CACHE_FIELDS = ("layers", "layer_class_to_replicate")
@@ -126,11 +135,12 @@ def engine_support(model: Any) -> str | None:
     """None when the engine decodes `model` as `generate` would; otherwise why not, in a line.
 
     The engine keeps every layer's keys and values whole (`GrowingLayer`, a `DynamicLayer`), so
-    every layer must be full attention: what transformers' `DynamicCache` would build for the
-    model's config (its `layer_types`, else `sliding_window` / `attention_chunk_size`, which a
-    config such as Qwen2's sets from `use_sliding_window`) is a plain `DynamicLayer` per layer,
-    with no sliding-window, chunked, linear or shared one. The model's forward must take
-    `cache=`, and the cache classes must have the fields the engine writes. Reads the config and the classes only: no forward pass.
+    every layer must be one of `ENGINE_LAYER_KINDS`, as transformers' `DynamicCache` would lay
+    out the model's config (its `layer_types`, else `sliding_window` / `attention_chunk_size`):
+    full attention, or a sliding window that the model's own mask applies (a config with a
+    `sliding_window` size). No chunked, linear or shared layer. The model's forward must take
+    `cache=`, and the cache classes must have the fields the engine writes. Reads the config and
+    the classes only: no forward pass.
     """
     layer, cache = DynamicLayer(), DynamicCache()
     missing = [f"DynamicLayer.{f}" for f in _LAYER_FIELDS if not hasattr(layer, f)]
@@ -145,9 +155,12 @@ def engine_support(model: Any) -> str | None:
         layer_types, _ = get_layer_types_and_kwargs(config)
     except Exception as exc:  # a config transformers cannot lay out is not one the engine knows
         return f"cannot read the model's attention layout ({type(exc).__name__}: {exc})"
-    other = sorted({t for t in layer_types if DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not DynamicLayer})
+    other = sorted({t for t in layer_types
+                     if t not in ENGINE_LAYER_KINDS or DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not ENGINE_LAYER_KINDS[t]})
     if other:
-        return f"not every layer is full attention ({', '.join(other)} layers in the model config)"
+        return f"not every layer is full or sliding-window attention ({', '.join(other)} layers in the model config)"
+    if "sliding_attention" in layer_types and not isinstance(getattr(config, "sliding_window", None), int):
+        return "sliding-window layers without a `sliding_window` size in the model config"
     return None
 
 

@@ -10,8 +10,8 @@ is kept across its ReAct steps (`Backend.session`) and prompts that start alike 
 prefilled prefix. `model.engine: generate` runs transformers' `generate` on the whole
 left-padded prompt at every step instead (`reference_decode`): the harness as it was before
 the engine, the reference the engine is checked against (benchmarks/agent_throughput.py).
-A model the engine was not built for (`engine_support`: a sliding-window or hybrid attention
-layout, say) decodes with `generate` whatever `model.engine` says, after one log line.
+A model the engine was not built for (`engine_support`: chunked or linear attention layers,
+say) decodes with `generate` whatever `model.engine` says, after one log line.
 Either way a padded row computes what the row alone would (tests/test_agent_lockstep.py).
 """
 

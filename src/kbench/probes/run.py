@@ -56,7 +56,7 @@ class ProbeRunner:
         queries = [q for q, _, _, _ in rows]
         prompts = [self._prompt(q, chat) + (self._tokens(prefix) if prefix else []) for q, chat, prefix, _ in rows]
         answers = [self._tokens(f" {text}" if prefix else text) for _, _, prefix, text in rows]
-        if self.backend.session() is None:  # no KV engine for this model (sliding-window layers)
+        if self.backend.session() is None:  # no KV engine for this model (chunked or linear layers)
             return [self._score_alone(q, prompt, answer) for q, prompt, answer in zip(queries, prompts, answers)]
         engine = self.backend.engine
         engine.clear_prefixes()
