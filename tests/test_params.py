@@ -59,7 +59,7 @@ def test_presets_set_every_key_and_the_same_keys():
 def test_the_gemma_preset_is_the_default_design_on_the_second_family():
     cpu, gemma = (load_design(REPO / f"presets/{name}.yaml") for name in ("cpu", "cpu-gemma"))
     assert gemma.model.path == "models/gemma3-270m"
-    pages = {"report": {"results": "docs/results-gemma.md"},
+    pages = {"report": {"results": "docs/results-gemma.md", "models": ["models/smollm2-135m-instruct"]},
              "replay": {"results": "docs/results-replay-gemma.md"},
              "memory": {"results": "docs/results-memory-gemma.md"}}
     for section, values in pages.items():
