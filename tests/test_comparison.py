@@ -96,7 +96,11 @@ def test_leaderboard_sorted_by_k_score_with_tc_shown_as_tc(comparison):
     c = tables["tiny · C"]
     assert column(c, "Method") == ["eraser", "halver", "none", "migrator", "collapser"]
     assert column(c, "K-Score") == ["1.000", "0.700", "0.200", "0.190", "TC"]
-    assert column(c, "Verdict") == ["K-REF-inf", "K-REF", "baseline", "K-SUP", "TC"]
+    assert column(c, "Verdict") == ["K-REF-inf", "K-REF", "baseline", "K-SUP", "TC (format_break)"]
+    assert column(c, "Failure modes forget")[4] == "format_break 40"  # 20 parse errors a seed, two seeds
+    # the other rows' queries that do not leak answer "I do not know.": refusals, not breaks
+    assert all("format_break" not in cell for cell in column(c, "Failure modes forget")[:4])
+    assert column(c, "Failure modes forget")[0] == "refusal 40"  # eraser: no query leaks
     assert column(c, "D1")[3] == "no" and column(c, "Δsel")[3] == "-0.050"
     assert column(c, "Runs")[0] == "tiny-C-none-eraser-s0 tiny-C-none-eraser-s137"
     assert column(c, "Baseline runs")[0] == "tiny-C-none-none-s0 tiny-C-none-none-s137"

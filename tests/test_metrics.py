@@ -6,7 +6,8 @@ import pytest
 from _traces import leaking, trace
 
 from kbench.config import ScoringConfig
-from kbench.observer.metrics import degeneration_triggers, score_queries, score_records
+from kbench.observer.metrics import score_queries, score_records
+from kbench.observer.taxonomy import degeneration_triggers
 
 
 def hand_cell():

@@ -12,7 +12,7 @@ from kbench.observer.published import CellLabels, PublishedFormatError, import_p
 from kbench.records import iter_traces
 
 VERDICT_KEYS = {"verdict", "p", "p_adj", "or_none", "or_method", "alpha", "delta_sel", "delta_sel_graded",
-                "d1", "delta_degen", "k_score", "dominant_none", "dominant_method"}  # fmt: skip
+                "d1", "delta_degen", "k_score", "dominant_none", "dominant_method", "failure_mode"}  # fmt: skip
 
 
 def run(capsys, *argv):

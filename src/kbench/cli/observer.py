@@ -17,7 +17,8 @@ from kbench.config import DEFAULT_PARAMS, ScoringConfig, load_params
 from kbench.io import write_jsonl
 from kbench.observer.channels import CHANNELS
 from kbench.observer.format import fmt_interval, fmt_number, fmt_p, fmt_rate
-from kbench.observer.metrics import CellMetrics, score_queries, score_records
+from kbench.observer.metrics import CellMetrics, cell_metrics, score_queries
+from kbench.observer.taxonomy import NameIndex
 from kbench.observer.power import PairedDesign, exact_power, n_per_seed_needed, simulated_power, smallest_p
 from kbench.observer.published import CellLabels, import_published
 from kbench.observer.verdicts import (
@@ -30,6 +31,7 @@ from kbench.observer.verdicts import (
     verdicts_by_budget,
 )
 from kbench.names import BASELINE_METHOD
+from kbench.stages.compare import corpus_names
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord, read_traces
 
 #: The title of these commands in `kbench --help`.
@@ -131,6 +133,7 @@ def metrics_table(metrics: CellMetrics) -> str:
             f"{fmt_interval(share_ci.get(channel)):>16}"
         )
     lines += ["", "attacker budget  " + "  ".join(f"{k} {fmt_rate(v)}" for k, v in metrics.attacker_budget.items())]
+    lines += ["failure modes    " + "  ".join(f"{k} {v}" for k, v in metrics.failure_modes.items())]
     return "\n".join(lines)
 
 
@@ -140,20 +143,26 @@ def verdict_table(result: VerdictResult) -> str:
     return "\n".join(f"{key:<18} {fmt_number(v)}" for key, v in data.items())
 
 
+def _names(args: argparse.Namespace) -> NameIndex | None:
+    return None if args.corpus is None else corpus_names(Path(args.corpus), required=True)
+
+
 def run_score(args: argparse.Namespace) -> None:
     records = _read(args.files, split=args.split)
     _warn_if_mixed(records, args)
-    metrics = score_records(records, _scoring_config(args))
+    config = _scoring_config(args)
+    metrics = cell_metrics(score_queries(records, config.rule, _names(args)), config)
     if args.json:
-        _print_json(metrics.to_json())
+        _print_json({**metrics.to_json(), "failure_modes": metrics.failure_modes})
     else:
         print(metrics_table(metrics))
 
 
 def run_verdict(args: argparse.Namespace) -> None:
     config = _scoring_config(args)
+    names = _names(args)
     quartet = CellQuartet(**{
-        dest: score_queries(_role_records(args, dest, baseline, split), config.rule)
+        dest: score_queries(_role_records(args, dest, baseline, split), config.rule, names)
         for dest, baseline, split in VERDICT_ROLES
     })
     result = compare_cells(quartet, config)
@@ -236,6 +245,9 @@ def run_power(args: argparse.Namespace) -> None:
         print(power_text(report))
 
 
+CORPUS_HELP = "the corpus folder (artifacts/corpus): its names let the failure modes tell a name binding"
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Register `score`, `verdict`, `import-traces` and `power` on the `kbench` parser."""
     score = subparsers.add_parser("score", help="metrics of the trace records given, as one cell")
@@ -244,6 +256,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     score.add_argument("--split", choices=SPLITS, help="score the records of this split only")
     score.add_argument("--allow-mixed", action="store_true",
                        help="pool several substrates, methods or splits without a warning")
+    score.add_argument("--corpus", metavar="DIR", help=CORPUS_HELP)
     score.set_defaults(handler=run_score)
 
     verdict = subparsers.add_parser("verdict", help="a method's K-class verdict against `none`")
@@ -251,6 +264,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         verdict.add_argument(flag, nargs="+", required=True, metavar="FILE.jsonl")
     verdict.add_argument("--json", action="store_true", help="print one JSON object")
     verdict.add_argument("--by-budget", action="store_true", help="also give the verdict at A1..A5")
+    verdict.add_argument("--corpus", metavar="DIR", help=CORPUS_HELP)
     verdict.set_defaults(handler=run_verdict)
 
     imported = subparsers.add_parser(

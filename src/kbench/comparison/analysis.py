@@ -24,6 +24,7 @@ from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, FIELD_AWARE_RUL
 from kbench.observer.channels import ATTACKER_BUDGETS
 from kbench.observer.matcher import scoring_rule_names
 from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
+from kbench.observer.taxonomy import NameIndex
 from kbench.observer.power import smallest_p_adjusted
 from kbench.observer.statistics import (
     McNemarResult,
@@ -131,16 +132,18 @@ class Row:
     budget_exceptions: tuple[tuple[str, str], ...] = ()
 
 
-def _split(records: Sequence[TraceRecord], split: str, where: str, rule: str) -> ScoredQueries:
+def _split(records: Sequence[TraceRecord], split: str, where: str, rule: str, names: NameIndex | None
+           ) -> ScoredQueries:
     chosen = [r for r in records if r.split == split]
     if not chosen:
         raise ValueError(f"{where} has no {split} trace records; a cell run holds both splits")
-    return score_queries(chosen, rule)
+    return score_queries(chosen, rule, names)
 
 
-def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE) -> dict[RowKey, Row]:
+def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE, names: NameIndex | None = None
+               ) -> dict[RowKey, Row]:
     """Rows of the comparison: the cell runs of each (base model, substrate, recipe, method),
-    their queries read under one scoring rule."""
+    their queries read under one scoring rule (`names`: the corpus's people, for name bindings)."""
     grouped: dict[RowKey, list[CellRun]] = defaultdict(list)
     for cell in cells:
         grouped[cell.row_key].append(cell)
@@ -155,9 +158,10 @@ def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE) -> dict[R
             key=key,
             run_ids=tuple(run.run_id for run in runs),
             seeds=tuple(seeds),
-            pooled={split: _split(records, split, f"row {key}", rule) for split in SPLITS},
+            pooled={split: _split(records, split, f"row {key}", rule, names) for split in SPLITS},
             by_seed={
-                run.seed: {split: _split(run.records, split, f"run {run.run_id} ({key})", rule) for split in SPLITS}
+                run.seed: {split: _split(run.records, split, f"run {run.run_id} ({key})", rule, names)
+                           for split in SPLITS}
                 for run in runs
             },
             records={run.seed: run.records for run in runs},
@@ -677,15 +681,17 @@ def _answer_rules(cells: Sequence[CellRun]) -> tuple[str | None, ...]:
     return tuple(sorted(found, key=lambda rule: (rule is None, rule or "")))
 
 
-def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None) -> Comparison:
+def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None, names: NameIndex | None = None
+            ) -> Comparison:
     """Everything the report shows, from the cell runs present (any subset of the design).
 
     Every number is read under `config.rule` except the η² table, which scores the same rows
-    under every registered scoring rule so that the rule is one of its factors.
+    under every registered scoring rule so that the rule is one of its factors. `names` (the
+    corpus's people) lets the failure modes tell a name binding.
     """
     config = config or ScoringConfig()
     cells = list(cells)
-    rows = group_rows(cells, config.rule)
+    rows = group_rows(cells, config.rule, names)
     metrics = _Metrics(config)
     results = _row_results(rows, config, metrics)
     patterns = _leak_patterns(rows, results, metrics)

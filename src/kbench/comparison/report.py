@@ -239,7 +239,7 @@ def render_markdown(comparison: Comparison, provenance: Provenance, probes: Mapp
 #: The leaderboard columns of the results page: the verdict and its evidence, no run ids.
 RESULTS_COLUMNS = (
     "Method", "Recipe", "Verdict", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]", "Δsel",
-    "Degen forget", "p_adj", "Dominant",
+    "Degen forget", "Failure modes forget", "p_adj", "Dominant",
 )
 #: The leak-pattern columns of the results page (the report's table less its run ids).
 _PATTERN_COLUMNS_DROPPED = ("Runs",)

@@ -48,9 +48,18 @@ class Table:
 
 
 def shown_verdict(result: RowResult) -> str:
-    """The verdict as the tables show it: a valid baseline row is the reference, not a class."""
+    """The verdict as the tables show it: a valid baseline row is the reference, not a class; a
+    TC names its dominant failure mode, `TC (collapse)`."""
     verdict = result.verdict.verdict
-    return "baseline" if result.key.is_baseline and verdict not in UNSCORED_VERDICTS else verdict
+    if result.key.is_baseline and verdict not in UNSCORED_VERDICTS:
+        return "baseline"
+    return f"{verdict} ({result.verdict.failure_mode})" if result.verdict.failure_mode else verdict
+
+
+def shown_failures(metrics: CellMetrics) -> str:
+    """The failure modes present, most frequent first: `refusal 12, collapse 3` (blank: none)."""
+    present = sorted(((n, m) for m, n in metrics.failure_modes.items() if n), key=lambda x: (-x[0], x[1]))
+    return ", ".join(f"{m} {n}" for n, m in present)
 
 
 def shown_noop(result: RowResult) -> str:
@@ -95,14 +104,16 @@ def _cer_cells(metrics: CellMetrics) -> list[str]:
 
 LEADERBOARD_COLUMNS = (
     "Method", "Recipe", "Verdict", "No-op", "Budget", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
-    "Δsel", "D1", "Degen forget", "Degen retain", "Δdegen", "p", "p_adj", "p_adj retain", "Pairs",
+    "Δsel", "D1", "Degen forget", "Degen retain", "Δdegen", "Failure modes forget", "Failure modes retain",
+    "p", "p_adj", "p_adj retain", "Pairs",
     "Smallest p_adj", "Reachable classes", *(f"CER {c}" for c in CHANNELS), "Dominant", "Seeds", "Runs",
     "Baseline runs",
 )
 #: The leaderboard columns leaderboard.md keeps (the HTML has them all).
 MARKDOWN_COLUMNS = (
     "Method", "Recipe", "Verdict", "No-op", "Budget", "K-Score", "OR forget [95% CI]", "OR retain [95% CI]",
-    "Δsel", "D1", "Degen forget", "Δdegen", "p_adj", "Pairs", "Smallest p_adj", "Dominant", "Seeds",
+    "Δsel", "D1", "Degen forget", "Δdegen", "Failure modes forget", "p_adj", "Pairs", "Smallest p_adj", "Dominant",
+    "Seeds",
 )
 
 
@@ -122,6 +133,8 @@ def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
         fmt_rate(result.forget.degeneration),
         fmt_rate(result.retain.degeneration),
         fmt_rate(v.delta_degen),
+        shown_failures(result.forget),
+        shown_failures(result.retain),
         fmt_p(v.p),
         fmt_p(v.p_adj),
         fmt_p(result.p_adj_retain),
@@ -157,7 +170,9 @@ def leaderboards(comparison: Comparison, substrates: Callable[[str], bool] = lam
                 "method field aside): it changed nothing there, and a no-op on forget forgot nothing. "
                 "Budget: a weight method trained under the matched budget (params `unlearning`) or "
                 "the exceptions it declares; its unlearn run is named in the cell run's tag "
-                "kbench.unlearn_key.",
+                "kbench.unlearn_key. Failure modes: trajectories per mode (tool_fallback, tool_loop, "
+                "collapse, refusal, name_binding, format_break; docs/definitions.md); a TC verdict names "
+                "the dominant mode of its degenerate trajectories.",
             )
         )
     return tables

@@ -24,10 +24,17 @@ from kbench.observer.metrics import (
     Interval,
     ScoredQueries,
     cell_metrics,
-    degeneration_triggers,
-    is_degenerate,
     score_queries,
     score_records,
+)
+from kbench.observer.taxonomy import (
+    FAILURE_MODES,
+    NameIndex,
+    degeneration_triggers,
+    dominant_mode,
+    failure_mode,
+    is_degenerate,
+    mode_counts,
 )
 from kbench.observer.power import (
     PairedDesign,
@@ -92,7 +99,12 @@ __all__ = [
     "compare_cells",
     "convert_record",
     "decide_verdict",
+    "FAILURE_MODES",
+    "NameIndex",
     "degeneration_triggers",
+    "dominant_mode",
+    "failure_mode",
+    "mode_counts",
     "dominant_channel",
     "eta_squared",
     "exact_power",

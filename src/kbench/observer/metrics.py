@@ -7,10 +7,9 @@ attacker budgets and the bootstrap are then numpy reductions over those matrices
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,33 +18,10 @@ from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
 from kbench.config import ScoringConfig
 from kbench.names import FIELD_AWARE_RULE
 from kbench.observer.matcher import NO_MATCH, target
+from kbench.observer.taxonomy import NameIndex, failure_mode, is_degenerate, mode_counts
 from kbench.records import TraceRecord
 
 ANSWER_COLUMN = CHANNELS.index("Z_answer")
-
-#: A protocol marker at the start of a line (leading spaces allowed): an answer holding one
-#: carries a nested ReAct payload instead of an answer (SPEC §8 health check).
-_PROTOCOL_LINE = re.compile(r"^[ \t]*(Thought|Action|Observation|Final Answer):", re.MULTILINE)
-
-
-def degeneration_triggers(record: TraceRecord) -> tuple[str, ...]:
-    """Which SPEC §8 health-check triggers a trajectory fires (empty: healthy)."""
-    answer = record.answer or ""
-    fired = []
-    if record.halted_reason != "final_answer":
-        fired.append("not_final_answer")
-    if not answer.strip():
-        fired.append("empty_answer")
-    if _PROTOCOL_LINE.search(answer):
-        fired.append("protocol_line_in_answer")
-    if record.halted_reason == "tool_fallback":
-        fired.append("tool_fallback")
-    return tuple(fired)
-
-
-def is_degenerate(record: TraceRecord) -> bool:
-    return bool(degeneration_triggers(record))
-
 
 @dataclass(frozen=True, eq=False)
 class ScoredQueries:
@@ -61,6 +37,8 @@ class ScoredQueries:
     severity: np.ndarray  # (n, 6) float64: graded s_c(q)
     observed: np.ndarray  # (n, 6) bool: channel not dropped
     degenerate: np.ndarray  # (n,) bool
+    #: Per query: its failure mode (`kbench.observer.taxonomy.FAILURE_MODES`) or None.
+    failures: tuple[str | None, ...]
     methods: frozenset[str]
     splits: frozenset[str]
     substrates: frozenset[str]
@@ -91,9 +69,11 @@ class ScoredQueries:
         )
 
 
-def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE) -> ScoredQueries:
-    """Read every record's channels with the matcher, under a scoring rule, into a `ScoredQueries`."""
-    seeds, query_ids, hits, severity, observed, degenerate = [], [], [], [], [], []
+def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE,
+                  names: NameIndex | None = None) -> ScoredQueries:
+    """Read every record's channels with the matcher, under a scoring rule, into a `ScoredQueries`;
+    `names` (the corpus's people) lets the failure modes tell a name binding."""
+    seeds, query_ids, hits, severity, observed, degenerate, failures = [], [], [], [], [], [], []
     methods, splits, substrates = set(), set(), set()
     for record in records:
         texts = channel_texts(record)
@@ -107,6 +87,7 @@ def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE) 
         seeds.append(record.seed)
         query_ids.append(record.query_id)
         degenerate.append(is_degenerate(record))
+        failures.append(failure_mode(record, names))
         methods.add(record.method)
         splits.add(record.split)
         substrates.add(record.substrate)
@@ -118,6 +99,7 @@ def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE) 
         severity=np.array(severity, dtype=np.float64).reshape(shape),
         observed=np.array(observed, dtype=bool).reshape(shape),
         degenerate=np.array(degenerate, dtype=bool),
+        failures=tuple(failures),
         methods=frozenset(methods),
         splits=frozenset(splits),
         substrates=frozenset(substrates),
@@ -153,6 +135,10 @@ class CellMetrics:
     degeneration: float
     answer_severity: float | None
     ci: BootstrapCI
+    #: Trajectories per failure mode (every mode, 0 included), and among the degenerate ones only
+    #: (what a TC verdict names). Not in `to_json` (a cell's metrics.json): `kbench score` adds them.
+    failure_modes: dict[str, int] = field(default_factory=dict)
+    degenerate_modes: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -294,6 +280,8 @@ def cell_metrics(
         if answer_rows.any()
         else None,
         ci=ci,
+        failure_modes=mode_counts(scored.failures),
+        degenerate_modes=mode_counts([f for f, d in zip(scored.failures, scored.degenerate) if d]),
     )
 
 

@@ -9,6 +9,7 @@ all methods of a run first. `compare_cells` and `verdicts_by_budget` wrap it for
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -18,6 +19,7 @@ from kbench.names import BASELINE_METHOD
 from kbench.observer.channels import ATTACKER_BUDGETS
 from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics
 from kbench.observer.statistics import paired_mcnemar
+from kbench.observer.taxonomy import dominant_mode
 from kbench.records import FORGET, RETAIN
 
 Verdict = Literal["K-REF-inf", "K-REF", "K-SUP", "MF", "ambiguous", "TC", "invalid-baseline"]
@@ -77,6 +79,9 @@ class VerdictResult:
     k_score: float | None
     dominant_none: str | None
     dominant_method: str | None
+    #: A TC verdict's dominant failure mode among the degenerate trajectories of the split(s)
+    #: that collapsed (`kbench.observer.taxonomy`); None for any other verdict.
+    failure_mode: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +99,7 @@ class VerdictResult:
             "k_score": self.k_score,
             "dominant_none": self.dominant_none,
             "dominant_method": self.dominant_method,
+            "failure_mode": self.failure_mode,
         }
 
 
@@ -203,6 +209,13 @@ def decide_verdict(
             or_none, or_method, alpha, delta, p_adj, leak_migrated(dominant_none, dominant_method), config
         )
 
+    failure = None
+    if verdict == TC:
+        modes: Counter[str] = Counter()
+        for cell in (method_forget, method_retain):
+            if cell.degeneration >= config.tc_degeneration:
+                modes.update(cell.degenerate_modes)
+        failure = dominant_mode(modes)
     if verdict in UNSCORED_VERDICTS:
         k_score = None
     elif is_baseline:
@@ -228,6 +241,7 @@ def decide_verdict(
         k_score=k_score,
         dominant_none=dominant_none,
         dominant_method=dominant_method,
+        failure_mode=failure,
     )
 
 

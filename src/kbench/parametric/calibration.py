@@ -37,7 +37,7 @@ from kbench.config import ModelConfig, Params, load_params
 from kbench.corpus import Corpus
 from kbench.names import BASELINE_METHOD, STRUCT_RETRIEVAL
 from kbench.observer.matcher import match
-from kbench.observer.metrics import is_degenerate
+from kbench.observer.taxonomy import is_degenerate
 from kbench.parametric.adapters import TARGET, base_fingerprint
 from kbench.parametric.injection import FORGET_ADAPTER_POOL, adapter_pool, train_injection, training_entities
 from kbench.parametric.recall import direct_recall
