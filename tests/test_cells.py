@@ -72,6 +72,37 @@ def test_trajectories_become_mlflow_traces_linked_to_the_run(kbench_root):
     assert "elicited summary" in spans
 
 
+def test_each_trace_carries_the_observer_judgement_and_a_feedback_search_finds_exactly_the_leaks(kbench_root):
+    """On a real SQLite store: the traces whose answer leaked are found by their feedback, the
+    others by theirs; each trace carries its ground truth, failure mode and halted reason."""
+    params = Params()
+    folder = kbench_root / "artifacts/cells/C__none__none__s0"
+    folder.mkdir(parents=True)
+    records = [leaking("Z_answer", query=i) for i in range(3)]  # answer "Lawyer"
+    records += [leaking("Z_summary", query=3), trace(query=4, halted_reason="max_iters", answer=None)]
+    write_jsonl(folder / "traces.jsonl", records)
+    tracking.write_manifest(folder, "cell", "m/C/none/none/0", {"kbench.substrate": "C"}, {"forget.or_all": 1.0})
+    run_id = tracking.log_output(params, folder)
+    experiment = mlflow.get_run(run_id).info.experiment_id
+
+    def found(filter_string):
+        traces = mlflow.search_traces(locations=[experiment], filter_string=filter_string, return_type="list")
+        return sorted(t.data.spans[0].inputs["query_id"] for t in traces)
+
+    answer = tracking.leak_feedback("Z_answer")
+    assert found(f"feedback.{answer} = 'true'") == [records[i].query_id for i in range(3)]
+    assert found(f"feedback.{answer} = 'false'") == [records[3].query_id]  # dropped on the loop: no feedback
+    assert found(f"feedback.{tracking.leak_feedback('Z_summary')} = 'true'") == [records[3].query_id]
+    assert found(f"feedback.{tracking.FAILURE_FEEDBACK} = 'tool_loop'") == [records[4].query_id]
+    assert found(f"tags.`{tracking.TAG_HALTED_REASON}` = 'max_iters'") == [records[4].query_id]
+    trace_of_leak = mlflow.search_traces(locations=[experiment], filter_string=f"feedback.{answer} = 'true'",
+                                         return_type="list")[0]
+    by_name = {a.name: a for a in trace_of_leak.info.assessments}
+    assert by_name[answer].source.source_type == "CODE" and by_name[answer].metadata["severity"] == "1.0000"
+    assert by_name[tracking.GROUND_TRUTH_EXPECTATION].value == "Lawyer"
+    assert by_name[tracking.FAILURE_FEEDBACK].value == tracking.NO_FAILURE
+
+
 def test_a_cell_run_is_tagged_with_its_design(tiny_model_dir):  # noqa: F811
     params = Params()
     spec = CellSpec("P", "gold", 0, "lora")

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from kbench import io
 from kbench.config import GENERATED, CorpusConfig
+from kbench.observer.taxonomy import NameIndex
 from kbench.records import FIELDS, SPLITS, Entity, Query
 
 PoolName = Literal["forget_adapter", "forget_eval", "retain_adapter", "retain_eval"]
@@ -57,6 +58,10 @@ BIO_TEMPLATES: tuple[str, ...] = (
     "{name}, a {occupation} who joined {employer} some years ago, was born on "
     "{date_of_birth}; mail reaches {name} at {address}.",
 )
+
+
+#: Where the corpus stage writes the corpus (relative to the project root).
+CORPUS_DIR = Path("artifacts/corpus")
 
 
 class CorpusError(ValueError):
@@ -331,6 +336,15 @@ def load_corpus(directory: str | Path) -> Corpus:
             raise CorpusError(f"{where[query.query_id]}: query {query.query_id}'s ground_truth disagrees "
                               f"with the {query.field} of {query.entity_id} in {directory / FACTS_FILE}")
     return corpus
+
+
+def corpus_names(directory: str | Path = CORPUS_DIR, *, required: bool = False) -> NameIndex | None:
+    """The corpus's people, for the failure modes' name bindings; None without a corpus folder,
+    unless `required` (then `load_corpus`'s one-line error)."""
+    directory = Path(directory)
+    if not required and not directory.is_dir():
+        return None
+    return NameIndex.of((entity.id, entity.name) for entity in load_corpus(directory).entities.values())
 
 
 def write_corpus(corpus: Corpus, directory: str | Path) -> None:

@@ -28,6 +28,10 @@ from urllib.parse import urlsplit
 
 from kbench import io
 from kbench.config import Params, redact_url
+from kbench.corpus import CORPUS_DIR, corpus_names
+from kbench.names import FIELD_AWARE_RULE
+from kbench.observer.metrics import read_channels
+from kbench.observer.taxonomy import NameIndex, failure_mode, is_degenerate
 from kbench.records import TraceRecord, iter_traces
 from kbench.servers import answers, server_process
 
@@ -55,6 +59,13 @@ TAG_INJECTION = "kbench.injection"
 #: A calibration trial's end: "complete" or "pruned".
 TAG_TRIAL_STATE = "kbench.trial_state"
 TAG_HALTED_REASON = "kbench.halted_reason"
+TAG_FAILURE_MODE = "kbench.failure_mode"
+#: The assessments each trajectory's trace carries (`judge_trace`): their source id, the
+#: ground truth's expectation, the failure-mode feedback and its value for a healthy answer.
+FEEDBACK_SOURCE = "kbench.observer"
+GROUND_TRUTH_EXPECTATION = "ground_truth"
+FAILURE_FEEDBACK = "failure_mode"
+NO_FAILURE = "healthy"
 #: Run kinds (TAG_KIND), one per stage output and tool that logs a run.
 KIND_CORPUS, KIND_AGENT_BASE, KIND_INJECT, KIND_CELL, KIND_COMPARE = "corpus", "agent_base", "inject", "cell", "compare"
 KIND_FIT = "fit"
@@ -276,7 +287,8 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
                 mlflow.log_artifact(str(folder / name), artifact_path=artifact_path)
         traces = folder / TRAJECTORIES_FILE
         if traces.exists() and (names is None or TRAJECTORIES_FILE in names):
-            log_trajectories(iter_traces(traces), run.info.run_id)
+            log_trajectories(iter_traces(traces), run.info.run_id, rule=params.scoring.rule,
+                             names=corpus_names(repo_root() / CORPUS_DIR))
         return run.info.run_id
 
 
@@ -300,19 +312,29 @@ def sync_outputs(params: Params, roots: list[Path]) -> list[str]:
     return run_ids
 
 
-def log_trajectories(records: Iterable[TraceRecord], run_id: str) -> int:
-    """Log each trajectory as an MLflow trace linked to the run, for the UI's Traces tab.
+def leak_feedback(channel: str) -> str:
+    """The name of the feedback that says whether `channel` leaked on a trace (`leak_Z_answer`)."""
+    return f"leak_{channel}"
+
+
+def log_trajectories(records: Iterable[TraceRecord], run_id: str, *, rule: str = FIELD_AWARE_RULE,
+                     names: NameIndex | None = None) -> int:
+    """Log each trajectory as an MLflow trace linked to the run, for the UI's Traces tab, with
+    the observer's judgement on it (`judge_trace`).
 
     Shape: an AGENT span per query with one LLM span per ReAct step (what the model wrote),
     a TOOL span under it for the action and the observation the harness returned, and an
-    LLM span for the elicited summary.
+    LLM span for the elicited summary. Tags: the halted reason and the failure mode.
     """
     import mlflow
     from mlflow.entities import SpanType
 
-    count = 0
+    logged: list[tuple[str, TraceRecord, str | None]] = []
     for record in records:
+        mode = failure_mode(record, names)
         with mlflow.start_span(name=f"agent {record.query_id}", span_type=SpanType.AGENT, run_id=run_id) as root:
+            mlflow.update_current_trace(tags={TAG_HALTED_REASON: record.halted_reason,
+                                              TAG_FAILURE_MODE: mode or NO_FAILURE})
             root.set_inputs({"query_id": record.query_id, "split": record.split, "field": record.field})
             root.set_attributes({
                 TAG_SUBSTRATE: record.substrate, TAG_METHOD: record.method,
@@ -331,5 +353,28 @@ def log_trajectories(records: Iterable[TraceRecord], run_id: str) -> int:
             with mlflow.start_span(name="elicited summary", span_type=SpanType.LLM) as summary:
                 summary.set_outputs({"summary": record.summary, "summary_error": record.summary_error})
             root.set_outputs({"answer": record.answer, "halted_reason": record.halted_reason})
-        count += 1
-    return count
+        logged.append((root.trace_id, record, mode))
+    if logged:
+        mlflow.flush_trace_async_logging()  # assessments attach to traces the store holds
+    for trace_id, record, mode in logged:
+        judge_trace(trace_id, record, mode, rule)
+    return len(logged)
+
+
+def judge_trace(trace_id: str, record: TraceRecord, mode: str | None, rule: str = FIELD_AWARE_RULE) -> None:
+    """The observer's judgement as MLflow assessments of source CODE on one trace: a feedback
+    per observed channel (`leak_feedback`: leaked or not, its severity in the metadata), the
+    ground truth as an expectation, and the failure mode (`NO_FAILURE` for a healthy answer)
+    with the halted reason. A channel dropped on the trajectory gets no feedback."""
+    import mlflow
+    from mlflow.entities import AssessmentSource, AssessmentSourceType
+
+    source = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id=FEEDBACK_SOURCE)
+    for channel, found in read_channels(record, rule).items():
+        if found is not None:
+            mlflow.log_feedback(trace_id=trace_id, name=leak_feedback(channel), value=bool(found.leaked),
+                                source=source, metadata={"severity": f"{found.severity:.4f}", "rule": rule})
+    mlflow.log_expectation(trace_id=trace_id, name=GROUND_TRUTH_EXPECTATION, value=record.ground_truth,
+                           source=source, metadata={"field": record.field})
+    mlflow.log_feedback(trace_id=trace_id, name=FAILURE_FEEDBACK, value=mode or NO_FAILURE, source=source,
+                        metadata={"halted_reason": record.halted_reason, "degenerate": str(is_degenerate(record)).lower()})

@@ -31,7 +31,7 @@ from kbench.observer.verdicts import (
     verdicts_by_budget,
 )
 from kbench.names import BASELINE_METHOD
-from kbench.stages.compare import corpus_names
+from kbench.corpus import corpus_names
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord, read_traces
 
 #: The title of these commands in `kbench --help`.

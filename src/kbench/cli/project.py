@@ -20,7 +20,7 @@ from kbench.corpus import load_corpus
 from kbench.design import check_model_present, load_design
 from kbench.parametric import agent_model_config
 from kbench.parametric.calibration import CalibrationInputs, calibrate, write_calibrated
-from kbench.stages.corpus import CORPUS_DIR
+from kbench.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
 
 #: The title of these commands in `kbench --help`.

@@ -17,7 +17,7 @@ import numpy as np
 from kbench.observer.channels import ATTACKER_BUDGETS, CHANNELS, channel_texts
 from kbench.config import ScoringConfig
 from kbench.names import FIELD_AWARE_RULE
-from kbench.observer.matcher import NO_MATCH, target
+from kbench.observer.matcher import Match, target
 from kbench.observer.taxonomy import NameIndex, failure_mode, is_degenerate, mode_counts
 from kbench.records import TraceRecord
 
@@ -69,6 +69,14 @@ class ScoredQueries:
         )
 
 
+def read_channels(record: TraceRecord, rule: str = FIELD_AWARE_RULE) -> dict[str, Match | None]:
+    """The matcher's reading of each channel of one trajectory, in `CHANNELS` order (None: the
+    channel is dropped on it)."""
+    texts = channel_texts(record)
+    truth = target(record.field, record.ground_truth, rule)
+    return {channel: None if texts[channel] is None else truth.match(texts[channel]) for channel in CHANNELS}
+
+
 def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE,
                   names: NameIndex | None = None) -> ScoredQueries:
     """Read every record's channels with the matcher, under a scoring rule, into a `ScoredQueries`;
@@ -76,14 +84,10 @@ def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE,
     seeds, query_ids, hits, severity, observed, degenerate, failures = [], [], [], [], [], [], []
     methods, splits, substrates = set(), set(), set()
     for record in records:
-        texts = channel_texts(record)
-        truth = target(record.field, record.ground_truth, rule)
-        for channel in CHANNELS:
-            text = texts[channel]
-            found = NO_MATCH if text is None else truth.match(text)
-            hits.append(found.leaked)
-            severity.append(found.severity)
-            observed.append(text is not None)
+        for found in read_channels(record, rule).values():
+            hits.append(found is not None and found.leaked)
+            severity.append(0.0 if found is None else found.severity)
+            observed.append(found is not None)
         seeds.append(record.seed)
         query_ids.append(record.query_id)
         degenerate.append(is_degenerate(record))

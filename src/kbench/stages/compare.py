@@ -23,12 +23,10 @@ from kbench.comparison.report import (
     render_results,
 )
 from kbench.config import Params
-from kbench.corpus import load_corpus
+from kbench.corpus import corpus_names
 from kbench.design import Design
 from kbench.names import PROBES_SUMMARY_FILE
-from kbench.observer.taxonomy import NameIndex
 from kbench.stages import option
-from kbench.stages.corpus import CORPUS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +97,6 @@ def compared_models(params: Params) -> list[Design]:
             for path in params.report.models]
 
 
-def corpus_names(corpus: Path = CORPUS_DIR, *, required: bool = False) -> NameIndex | None:
-    """The corpus's people, for the failure modes' name bindings; None (logged) without a corpus
-    folder, unless `required` (then the corpus loader's one-line error)."""
-    if not required and not corpus.is_dir():
-        log.info("no corpus at %s: no answer is judged a name binding", corpus)
-        return None
-    return NameIndex.of((entity.id, entity.name) for entity in load_corpus(corpus).entities.values())
-
-
 class CompareError(ValueError):
     """An input of the comparison is unreadable."""
 
@@ -132,7 +121,10 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
     if selection.others:
         log.info("%d cell key(s) of the experiment have runs of another design; they are left out",
                  len(selection.others))
-    comparison = compare(cells, params.scoring, corpus_names())
+    names = corpus_names()
+    if names is None:
+        log.info("no corpus at the corpus stage's folder: no answer is judged a name binding")
+    comparison = compare(cells, params.scoring, names)
     _warn_missing(comparison)
     provenance = Provenance(
         experiment=params.tracking.experiment,

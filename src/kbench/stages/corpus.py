@@ -9,7 +9,7 @@ from typing import Any
 
 from kbench import tracking
 from kbench.config import GENERATED, Params
-from kbench.corpus import Corpus, build_corpus
+from kbench.corpus import CORPUS_DIR, Corpus, build_corpus
 from kbench.records import SPLITS
 from kbench.stages import option, track_option
 
@@ -17,7 +17,6 @@ log = logging.getLogger(__name__)
 
 COMMAND = "corpus"
 HELP = "build (or import) the corpus: entities, pools, queries"
-CORPUS_DIR = Path("artifacts/corpus")
 #: The folder of corpora, a DVC dependency of this stage (dvc.yaml): DVC sees edits only here.
 DATA_DIR = Path("data")
 
