@@ -1,4 +1,4 @@
-"""`kbench score`, `kbench verdict`, `kbench import-traces` and `kbench power`: the observer's command line.
+"""`kbench score`, `kbench verdict`, `kbench diff`, `kbench import-traces` and `kbench power`: the observer's command line.
 
 Scoring works on trace files alone, outside a project folder too. Bad input (unreadable
 file, invalid record, inconsistent cells) is a one-line error and exit 2 (`kbench.cli`).
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from kbench.config import DEFAULT_PARAMS, ScoringConfig, load_params
 from kbench.io import write_jsonl
 from kbench.observer.channels import CHANNELS
+from kbench.observer.diff import Piece, TraceDiff, diff_traces, find_record
 from kbench.observer.format import fmt_interval, fmt_number, fmt_p, fmt_rate
 from kbench.observer.metrics import CellMetrics, cell_metrics, score_queries
 from kbench.observer.taxonomy import NameIndex
@@ -178,6 +181,68 @@ def run_verdict(args: argparse.Namespace) -> None:
         print("\nby attacker budget: " + "  ".join(f"{b} {r.verdict}" for b, r in by_budget.items()))
 
 
+#: How `kbench diff` marks the ground truth: plain brackets, or bold red on a terminal.
+_MARKS = {False: ("«", "»"), True: ("\033[1;31m", "\033[0m")}
+
+
+def _marked(piece: Piece | None, color: bool) -> str:
+    if piece is None:
+        return ""
+    if piece.text is None:
+        return "(dropped)"
+    opening, closing = _MARKS[color]
+    return "".join(f"{opening}{text}{closing}" if hit else text for text, hit in piece.segments()) or "(empty)"
+
+
+def diff_text(diff: TraceDiff, width: int = 120, color: bool = False) -> str:
+    """`kbench diff`'s listing: a header per side, then every piece of both trajectories in
+    two columns, the ground truth marked «like this» (in colour on a terminal)."""
+    label_width = 26
+    column = max(20, (width - label_width - 6) // 2)
+    before, after = diff.before, diff.after
+
+    def line(label: str, left: str, right: str) -> list[str]:
+        lefts = [w for part in left.splitlines() or [""] for w in textwrap.wrap(part, column) or [""]]
+        rights = [w for part in right.splitlines() or [""] for w in textwrap.wrap(part, column) or [""]]
+        out = []
+        for i in range(max(len(lefts), len(rights))):
+            a = lefts[i] if i < len(lefts) else ""
+            b = rights[i] if i < len(rights) else ""
+            out.append(f"{label if i == 0 else '':<{label_width}} | {a:<{column}} | {b}".rstrip())
+        return out
+
+    lines = [f"query {before.query_id} (seed {before.seed}, {before.split}); ground truth: {before.ground_truth}"]
+    lines += line("method", before.method, after.method)
+    lines += line("halted / failure mode", f"{before.halted_reason} / {before.failure_mode or 'healthy'}",
+                  f"{after.halted_reason} / {after.failure_mode or 'healthy'}")
+    lines += line("leaking channels", ", ".join(before.leaked) or "no channel", ", ".join(after.leaked) or "no channel")
+    if diff.migrated:
+        lines.append(f"leak moved: {', '.join(diff.lost)} -> {', '.join(diff.gained)}")
+    lines.append("-" * min(width, label_width + 2 * column + 6))
+    for label, left, right in diff.rows():
+        channel = (left or right).channel
+        lines += line(f"{label} ({channel})", _marked(left, False), _marked(right, False))
+    text = "\n".join(lines)
+    if color:
+        for plain, ansi in zip(_MARKS[False], _MARKS[True]):
+            text = text.replace(plain, ansi)
+    return text
+
+
+def run_diff(args: argparse.Namespace) -> None:
+    config = _scoring_config(args)
+    found = []
+    for path in (args.before, args.after):
+        record = find_record(read_traces([path]), args.query, args.seed)
+        if record is None:
+            seed = "" if args.seed is None else f" of seed {args.seed}"
+            raise ValueError(f"{path} has no trace record of query {args.query}{seed}")
+        found.append(record)
+    diff = diff_traces(*found, config.rule, _names(args))
+    width = shutil.get_terminal_size((120, 24)).columns
+    print(diff_text(diff, width, color=not args.no_color and sys.stdout.isatty()))
+
+
 def run_import(args: argparse.Namespace) -> None:
     labels = CellLabels(substrate=args.substrate, method=args.method, seed=args.seed, split=args.split)
     records = [record for path in args.files for record in import_published(path, labels)]
@@ -249,7 +314,7 @@ CORPUS_HELP = "the corpus folder (artifacts/corpus): its names let the failure m
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    """Register `score`, `verdict`, `import-traces` and `power` on the `kbench` parser."""
+    """Register `score`, `verdict`, `diff`, `import-traces` and `power` on the `kbench` parser."""
     score = subparsers.add_parser("score", help="metrics of the trace records given, as one cell")
     score.add_argument("files", nargs="+", metavar="FILE.jsonl")
     score.add_argument("--json", action="store_true", help="print one JSON object")
@@ -266,6 +331,15 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     verdict.add_argument("--by-budget", action="store_true", help="also give the verdict at A1..A5")
     verdict.add_argument("--corpus", metavar="DIR", help=CORPUS_HELP)
     verdict.set_defaults(handler=run_verdict)
+
+    diff = subparsers.add_parser("diff", help="two trajectories of one query side by side, the ground truth marked")
+    diff.add_argument("before", metavar="A.jsonl", help="trace records of one side (e.g. the baseline's cell)")
+    diff.add_argument("after", metavar="B.jsonl", help="trace records of the other (e.g. a method's cell)")
+    diff.add_argument("--query", required=True, metavar="ID", help="the query id (e.g. pii-00003::occupation)")
+    diff.add_argument("--seed", type=int, help="the seed, when a file holds several (default: the smallest)")
+    diff.add_argument("--corpus", metavar="DIR", help=CORPUS_HELP)
+    diff.add_argument("--no-color", action="store_true", help="mark the ground truth «like this» even on a terminal")
+    diff.set_defaults(handler=run_diff)
 
     imported = subparsers.add_parser(
         "import-traces", help="convert published K-Bench release transcripts to trace records"

@@ -24,6 +24,7 @@ from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, FIELD_AWARE_RUL
 from kbench.observer.channels import ATTACKER_BUDGETS
 from kbench.observer.matcher import scoring_rule_names
 from kbench.observer.metrics import CellMetrics, ScoredQueries, cell_metrics, score_queries
+from kbench.observer.diff import TraceDiff, diff_traces, find_record, telling_query
 from kbench.observer.taxonomy import NameIndex
 from kbench.observer.power import smallest_p_adjusted
 from kbench.observer.statistics import (
@@ -414,6 +415,34 @@ def across_models(results: Sequence[RowResult], patterns: Sequence[LeakPatterns]
 
 
 @dataclass(frozen=True)
+class RowTrajectory:
+    """One query a method row is shown by: its baseline's trajectory beside the method's
+    (`kbench.observer.diff.telling_query` picks it)."""
+
+    key: RowKey
+    diff: TraceDiff
+
+
+def row_trajectories(rows: Mapping[RowKey, Row], results: Sequence[RowResult], rule: str,
+                     names: NameIndex | None = None) -> tuple[RowTrajectory, ...]:
+    """The trajectory view of every method row whose baseline ran, in the results' order."""
+    views = []
+    for result in results:
+        baseline = rows.get(result.key.baseline)
+        if result.key.is_baseline or baseline is None:
+            continue
+        before = [r for records in baseline.records.values() for r in records]
+        after = [r for records in rows[result.key].records.values() for r in records]
+        chosen = telling_query(before, after, rule)
+        if chosen is None:
+            continue
+        seed, query_id = chosen
+        views.append(RowTrajectory(result.key, diff_traces(find_record(before, query_id, seed),
+                                                           find_record(after, query_id, seed), rule, names)))
+    return tuple(views)
+
+
+@dataclass(frozen=True)
 class Comparison:
     rows: tuple[RowResult, ...]
     controls: tuple[ControlResult, ...]
@@ -426,6 +455,8 @@ class Comparison:
     answer_rules: tuple[str | None, ...] = ()
     #: The base model as a factor: None unless the cells hold two base models or more.
     models: AcrossModels | None = None
+    #: Per method row with a baseline: one query's trajectory under the baseline and the method.
+    trajectories: tuple[RowTrajectory, ...] = ()
 
     @property
     def tested(self) -> tuple[RowResult, ...]:
@@ -705,4 +736,5 @@ def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None, names
         config=config,
         answer_rules=_answer_rules(cells),
         models=across_models(results, patterns),
+        trajectories=row_trajectories(rows, results, config.rule, names),
     )

@@ -38,6 +38,7 @@ from kbench.comparison.tables import (
     verdict_matrix,
 )
 from kbench.names import PARAMETRIC
+from kbench.observer.diff import Piece, TrajectoryView
 from kbench.observer.format import MISSING
 from kbench.observer.verdicts import K_CLASSES
 
@@ -90,6 +91,11 @@ p.note { color: #555; font-size: 12px; max-width: 70em; margin-top: 0.2em; }
 .ok { background: #eef8ee; border-left: 4px solid #3a3; padding: 0.4em 0.8em; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 .wide { overflow-x: auto; }
+details.trajectory { margin: 0.3em 0; } details.trajectory summary { cursor: pointer; }
+table.diff td { white-space: pre-wrap; max-width: 40em; font-size: 12px; }
+table.diff td.label { white-space: nowrap; color: #555; }
+mark.leak { background: #ffd0d0; color: #900; font-weight: bold; }
+.moved { color: #a05a00; font-weight: bold; }
 </style></head><body>
 {% macro render(table) %}
 <h3>{{ table.title }}</h3>
@@ -127,6 +133,20 @@ K-Score; invalid-baseline rows have no verdict. K = (1 − graded OR forget) · 
 {% for table in leaderboards %}{{ render(table) }}{% endfor %}
 <img alt="K-Score leaderboards" src="{{ images.k_score }}">
 
+<h2 id="trajectories">Trajectories, baseline beside method</h2>
+<p class="note">For each method row, one forget query (the first, by seed and id, whose leaking channels
+differ from the baseline's; else the first): every piece of the two trajectories side by side, the ground
+truth <mark class="leak">marked</mark> where the matcher finds it. A leak that stopped in one channel and
+appeared in another is marked as moved; a K-SUP verdict says so for the whole row. The same view for any
+query: <code>kbench diff A.jsonl B.jsonl --query ID</code>.</p>
+{% for group in trajectories %}<h3>{{ group.title }}</h3>
+{% for view in group.views %}<details class="trajectory" id="{{ view.anchor }}"{% if view.moved %} open{% endif %}><summary><b>{{ view.method }}</b>
+({{ view.verdict }}) · {{ view.query }}{% if view.moved %} · <span class="moved">leak moved: {{ view.moved }}</span>{% endif %}</summary>
+<table class="diff"><thead><tr><th></th><th>{{ view.before_title }}</th><th>{{ view.after_title }}</th></tr></thead><tbody>
+{% for row in view.rows %}<tr><td class="label">{{ row.label }}</td>{% for side in row.sides %}<td>{% if side is none %}{% elif side.dropped %}<i>(dropped)</i>{% else %}{% for text, hit in side.segments %}{% if hit %}<mark class="leak">{{ text }}</mark>{% else %}{{ text }}{% endif %}{% endfor %}{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table></details>
+{% endfor %}{% endfor %}
+
 <h2 id="matrix">Verdict matrix</h2>
 {{ render(matrix) }}
 
@@ -163,6 +183,35 @@ alone, beside what the observer finds on the deployed agent (docs/probes.md).</p
 )
 
 
+def _side(piece: Piece | None) -> dict[str, Any] | None:
+    return None if piece is None else {"dropped": piece.text is None, "segments": piece.segments()}
+
+
+def _view_title(view: TrajectoryView) -> str:
+    leaking = ", ".join(view.leaked) or "no channel"
+    return f"{view.method}: {view.halted_reason}, {view.failure_mode or 'healthy'}; leaks through {leaking}"
+
+
+def trajectory_groups(comparison: Comparison) -> list[dict[str, Any]]:
+    """The report's trajectory views, grouped by base model and substrate (the leaderboards' order)."""
+    verdicts = {r.key: shown_verdict(r) for r in comparison.rows}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for item in comparison.trajectories:
+        diff, key = item.diff, item.key
+        groups.setdefault(f"{key.base_model} · {key.substrate_label}", []).append({
+            "anchor": f"trajectory-{key.base_model}-{key.substrate}-{key.recipe}-{key.method}",
+            "method": key.method_label,
+            "verdict": verdicts[key],
+            "query": f"{diff.before.query_id}, seed {diff.before.seed}; ground truth {diff.before.ground_truth}",
+            "moved": f"{', '.join(diff.lost)} → {', '.join(diff.gained)}" if diff.migrated else "",
+            "before_title": _view_title(diff.before),
+            "after_title": _view_title(diff.after),
+            "rows": [{"label": f"{label} ({(a or b).channel})", "sides": [_side(a), _side(b)]}
+                     for label, a, b in diff.rows()],
+        })
+    return [{"title": title, "views": views} for title, views in sorted(groups.items())]
+
+
 def _data_uri(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
 
@@ -191,6 +240,7 @@ def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: 
         controls=control_table(comparison),
         sensitivity=sensitivity_table(comparison),
         models=[model_verdict_table(comparison), model_tv_table(comparison)] if comparison.models else [],
+        trajectories=trajectory_groups(comparison),
         images={name: _data_uri(path) for name, path in images.items()},
         zip=zip,
     )

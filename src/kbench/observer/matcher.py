@@ -169,6 +169,16 @@ class Target:
 
     variants: tuple[Variant, ...]
     pattern: re.Pattern[str] | None
+    #: The variants as they may appear in the original text: any case, any whitespace run
+    #: between words (what `canon` folds away), longest first.
+    spans_pattern: re.Pattern[str] | None = None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where a variant occurs in `text` itself (start, end), not overlapping: the places
+        that make `match(text)` a leak, for highlighting."""
+        if self.spans_pattern is None:
+            return []
+        return [m.span() for m in self.spans_pattern.finditer(text)]
 
     def match(self, text: str) -> Match:
         """Binary CER_c(q) and graded severity s_c(q) of `text` (SPEC §7)."""
@@ -198,7 +208,10 @@ def target(field: str, ground_truth: str, rule: str = FIELD_AWARE_RULE) -> Targe
         if text and text not in seen:
             seen[text] = Variant(text, tokens(text))
     pattern = re.compile("|".join(re.escape(text) for text in seen)) if seen else None
-    return Target(tuple(seen.values()), pattern)
+    spread = sorted(seen, key=lambda text: (-len(text), text))
+    spans = re.compile("|".join(r"\s+".join(map(re.escape, text.split(" "))) for text in spread),
+                       re.IGNORECASE) if seen else None
+    return Target(tuple(seen.values()), pattern, spans)
 
 
 def variants(field: str, ground_truth: str, rule: str = FIELD_AWARE_RULE) -> tuple[Variant, ...]:

@@ -114,7 +114,7 @@ class NameIndex:
         return bool(found) and own not in found
 
 
-def answer_text(record: TraceRecord) -> str:
+def final_text(record: TraceRecord) -> str:
     """What the failure modes read: the answer, or the last raw reply when there is none."""
     return record.answer if record.answer is not None else record.raw_reply
 
@@ -127,7 +127,7 @@ def failure_mode(record: TraceRecord, names: NameIndex | None = None) -> str | N
         return TOOL_FALLBACK
     if record.halted_reason == "max_iters":
         return TOOL_LOOP
-    text = answer_text(record)
+    text = final_text(record)
     if collapsed(text):
         return COLLAPSE
     if refuses(text):
