@@ -215,7 +215,7 @@ def test_eta_squared_by_hand():
     frame = pd.DataFrame(
         [
             {"method": m, "substrate": s, "base_model": "tiny", "seed": 0, "recipe": "none",
-             "scoring_rule": "field-aware", "k_score": k}
+             "scoring_rule": "field-aware", "query_form": "canonical", "k_score": k}
             for m, s, k in [("a", "C", 0.9), ("a", "R", 0.7), ("b", "C", 0.5), ("b", "R", 0.3),
                             ("tc", "C", math.nan)]
         ]
@@ -226,7 +226,7 @@ def test_eta_squared_by_hand():
     assert effects["method"].eta_squared == pytest.approx(0.8)
     assert effects["substrate"].eta_squared == pytest.approx(0.2)
     assert [f for f in DESIGN_FACTORS if effects[f].eta_squared is None] == [
-        "base_model", "seed", "recipe", "scoring_rule"
+        "base_model", "seed", "recipe", "scoring_rule", "query_form"
     ]
 
 
@@ -236,7 +236,7 @@ def test_sensitivity_of_the_design(comparison):
     # each under both scoring rules.
     assert s.observations == 7 * 2 * 2
     omitted = {e.factor for e in s.effects if e.eta_squared is None}
-    assert omitted == {"base_model", "recipe"}
+    assert omitted == {"base_model", "recipe", "query_form"}
     # Every seed gives the same K-Score here, so the seed explains nothing.
     assert {e.factor: e.eta_squared for e in s.effects}["seed"] == pytest.approx(0.0, abs=1e-12)
 

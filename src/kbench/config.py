@@ -59,9 +59,20 @@ class CorpusConfig(_Section):
     retain_adapter_fraction: float = Field(0.05, gt=0, lt=1)
 
 
+#: `queries.form_n`'s default: forget queries per seed the query-form ladder asks again.
+FORM_N = 3
+
+
 class QueriesConfig(_Section):
     n_per_split: int = Field(6, ge=1)
     fields: list[str] = list(FIELDS)
+    #: The query-form ladder (`kbench list forms`; docs/definitions.md): forms each of the first
+    #: `form_n` forget queries is asked in besides the canonical question, whose records alone
+    #: every verdict reads; `adaptive` only where the canonical answer was a refusal.
+    forms: list[str] = Field(default_factory=list, exclude_if=lambda value: not value)
+    #: Forget queries per seed asked in every form of `forms`: the split's first ones (0: all).
+    #: Both keys are left out of digests at their defaults, so a design without a ladder keeps its digest.
+    form_n: int = Field(FORM_N, ge=0, exclude_if=lambda value: value == FORM_N)
 
     @model_validator(mode="after")
     def _known_fields(self) -> "QueriesConfig":

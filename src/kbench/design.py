@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from kbench.backends import backend_has_weights, backend_is_remote, backend_names
 from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
 from kbench.corpus import CorpusError, pool_sizes
+from kbench.forms import CANONICAL, form_names
 from kbench.methods import method_class, method_names, resolve_methods
 from kbench.methods.base import WEIGHT_HOOKS
 from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, PARAMETRIC
@@ -55,6 +56,7 @@ def _check_grid(params: Params) -> None:
             raise ParamsError(f"key '{key}': empty; the design needs at least one")
         _check_unique(list(getattr(params, key)), key)
     _check_unique(list(params.p_recipes), "p_recipes")
+    _check_unique(list(params.queries.forms), "queries.forms")
     if PARAMETRIC in params.substrates:
         raise ParamsError(f"key 'substrates': lists the adapter-free substrates; {PARAMETRIC} runs "
                           "with each of p_recipes")
@@ -133,6 +135,7 @@ def check_design(params: Params, *, source: str = "params") -> Params:
         _check(params.substrates, substrate_names(), "substrates", "substrate")
         _check(params.methods, method_names(), "methods", "method")
         _check([params.scoring.rule], scoring_rule_names(), "scoring.rule", "scoring rule")
+        _check(params.queries.forms, [f for f in form_names() if f != CANONICAL], "queries.forms", "query form")
         _check_endpoint(params)
         _check_grid(params)
         check_pools(params)

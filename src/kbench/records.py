@@ -62,6 +62,8 @@ class Query(BaseModel):
     field: FieldName
     question: str
     ground_truth: str
+    #: The query form it is asked in (`kbench.forms`); None for the canonical question.
+    form: str | None = Field(None, exclude_if=lambda value: value is None)
 
     @staticmethod
     def make_id(entity_id: str, field: str) -> str:
@@ -130,6 +132,9 @@ class TraceRecord(BaseModel):
     #: The ReAct parser's answer rule (agent.answer_rule) that decided `answer` and `halted_reason`;
     #: null in traces of another harness or written before the rule was recorded.
     answer_rule: str | None = None
+    #: The query form of a rewritten question (`kbench.forms`, `queries.forms`); absent for the
+    #: canonical question, which every verdict reads.
+    form: str | None = Field(None, exclude_if=lambda value: value is None)
 
 
 class TraceFormatError(ValueError):

@@ -187,6 +187,7 @@ class ReActAgent:
             summary_error=trajectory.summary_error,
             answer_rule=self.config.answer_rule,
             question=query.question,
+            form=query.form,
         )
 
     def run(self, items: Iterable[tuple[Query, Split]], on_record: Callable[[TraceRecord], None]) -> None:

@@ -21,6 +21,7 @@ from kbench.backends.base import _BACKENDS  # the registry itself: its classes c
 from kbench.cli.project import preset_paths
 from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
+from kbench.forms import form_class, form_names
 from kbench.replay.operators import operator_class, operator_names
 from kbench.replay.suites import suite_kind, suite_names
 from kbench.substrates import substrate_class, substrate_names
@@ -95,6 +96,12 @@ def list_suites() -> list[dict[str, Any]]:
     return [{"name": name, "kind": suite_kind(name), "description": describe(name)} for name in suite_names()]
 
 
+def list_forms() -> list[dict[str, Any]]:
+    """The query forms of the ladder (`queries.forms`; docs/definitions.md)."""
+    return [{"name": name, "asks": form_class(name).title, "adaptive": form_class(name).adaptive}
+            for name in form_names()]
+
+
 def list_presets() -> list[dict[str, Any]]:
     """The presets in presets/, each described by its file's first comment line."""
     return [{"name": name, "path": path.as_posix(), "description": _first_comment(path)}
@@ -117,6 +124,7 @@ KINDS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "backends": list_backends,
     "operators": list_operators,
     "suites": list_suites,
+    "forms": list_forms,
 }
 
 

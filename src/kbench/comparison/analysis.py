@@ -11,11 +11,12 @@ changed nothing at all (its trace records are the baseline's, byte for byte: `no
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -46,6 +47,7 @@ from kbench.observer.verdicts import (
     reachable_classes,
     verdicts_by_budget,
 )
+from kbench.forms import CANONICAL, form_class
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 
 #: The distractor-only control adapter loaded with a non-P substrate (SPEC §3).
@@ -59,7 +61,7 @@ DEFAULT_RECIPES = frozenset({ADAPTER_FREE, LORA})
 NARROWEST_BUDGET, WIDEST_BUDGET = next(iter(ATTACKER_BUDGETS)), list(ATTACKER_BUDGETS)[-1]
 #: The design factors of SPEC §9's η² analysis, as columns of the per-seed K-Score frame. The
 #: scoring rule varies because every (row, seed) is scored under each registered matcher rule.
-DESIGN_FACTORS: tuple[str, ...] = ("method", "substrate", "base_model", "seed", "recipe", "scoring_rule")
+DESIGN_FACTORS: tuple[str, ...] = ("method", "substrate", "base_model", "seed", "recipe", "scoring_rule", "query_form")
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Row:
     pooled: dict[str, ScoredQueries]  # split -> queries of every seed
     by_seed: dict[int, dict[str, ScoredQueries]]  # seed -> split -> queries
     records: dict[int, tuple[TraceRecord, ...]]  # seed -> the cell run's trace records
+    #: seed -> the query-form ladder's forget queries by form (`_forms`); empty without a ladder.
+    forms: dict[int, dict[str, ScoredQueries]] = field(default_factory=dict)
     #: Weight methods: the unlearn runs deployed (one per recipe) and their budget exceptions.
     unlearned: tuple[str, ...] = ()
     budget_exceptions: tuple[tuple[str, str], ...] = ()
@@ -135,7 +139,7 @@ class Row:
 
 def _split(records: Sequence[TraceRecord], split: str, where: str, rule: str, names: NameIndex | None
            ) -> ScoredQueries:
-    chosen = [r for r in records if r.split == split]
+    chosen = [r for r in records if r.split == split and r.form is None]  # the canonical questions
     if not chosen:
         raise ValueError(f"{where} has no {split} trace records; a cell run holds both splits")
     return score_queries(chosen, rule, names)
@@ -166,10 +170,26 @@ def group_rows(cells: Iterable[CellRun], rule: str = FIELD_AWARE_RULE, names: Na
                 for run in runs
             },
             records={run.seed: run.records for run in runs},
+            forms={run.seed: _forms(run.records, rule, names) for run in runs},
             unlearned=tuple(sorted({run.unlearned for run in runs if run.unlearned})),
             budget_exceptions=tuple(sorted({e for run in runs for e in run.budget_exceptions})),
         )
     return rows
+
+
+def _forms(records: Sequence[TraceRecord], rule: str, names: NameIndex | None) -> dict[str, ScoredQueries]:
+    """The ladder's forget queries by form (`queries.forms`); `CANONICAL`: the canonical questions
+    the ladder asked again (none without a ladder)."""
+    asked: dict[str, list[TraceRecord]] = defaultdict(list)
+    for record in records:
+        if record.split == FORGET and record.form is not None:
+            asked[record.form].append(record)
+    if not asked:
+        return {}
+    laddered = [form for form in asked if not form_class(form).adaptive] or list(asked)
+    again = {r.query_id.rsplit("::", 1)[0] for form in laddered for r in asked[form]}
+    canonical = [r for r in records if r.split == FORGET and r.form is None and r.query_id in again]
+    return {form: score_queries(found, rule, names) for form, found in sorted({CANONICAL: canonical, **asked}.items())}
 
 
 def trace_bytes(record: TraceRecord) -> str:
@@ -415,6 +435,38 @@ def across_models(results: Sequence[RowResult], patterns: Sequence[LeakPatterns]
 
 
 @dataclass(frozen=True)
+class FormRates:
+    """A row's forget OR(all) per query form (the ladder), beside its baseline's, seeds pooled:
+    form -> (OR(all), queries). `canonical` is read on the queries the ladder asked again; the
+    adaptive form on the queries the row's agent refused, so its n differs between rows."""
+
+    key: RowKey
+    method: dict[str, tuple[float, int]]
+    baseline: dict[str, tuple[float, int]]
+
+
+def _form_rates(row: Row) -> dict[str, tuple[float, int]]:
+    leaked: dict[str, int] = defaultdict(int)
+    asked: dict[str, int] = defaultdict(int)
+    for forms in row.forms.values():
+        for form, scored in forms.items():
+            leaked[form] += int(scored.leaked().sum())
+            asked[form] += scored.n
+    return {form: (leaked[form] / asked[form] if asked[form] else math.nan, asked[form]) for form in sorted(asked)}
+
+
+def form_rates(rows: Mapping[RowKey, Row], results: Sequence[RowResult]) -> tuple[FormRates, ...]:
+    """The ladder's table: every row with forms asked, in the results' order."""
+    out = []
+    for result in results:
+        row, baseline = rows[result.key], rows.get(result.key.baseline)
+        rates = _form_rates(row)
+        if rates:
+            out.append(FormRates(result.key, rates, _form_rates(baseline) if baseline is not None else {}))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class RowTrajectory:
     """One query a method row is shown by: its baseline's trajectory beside the method's
     (`kbench.observer.diff.telling_query` picks it)."""
@@ -431,8 +483,8 @@ def row_trajectories(rows: Mapping[RowKey, Row], results: Sequence[RowResult], r
         baseline = rows.get(result.key.baseline)
         if result.key.is_baseline or baseline is None:
             continue
-        before = [r for records in baseline.records.values() for r in records]
-        after = [r for records in rows[result.key].records.values() for r in records]
+        before = [r for records in baseline.records.values() for r in records if r.form is None]
+        after = [r for records in rows[result.key].records.values() for r in records if r.form is None]
         chosen = telling_query(before, after, rule)
         if chosen is None:
             continue
@@ -457,6 +509,8 @@ class Comparison:
     models: AcrossModels | None = None
     #: Per method row with a baseline: one query's trajectory under the baseline and the method.
     trajectories: tuple[RowTrajectory, ...] = ()
+    #: The query-form ladder's OR per form (empty without `queries.forms`).
+    forms: tuple[FormRates, ...] = ()
 
     @property
     def tested(self) -> tuple[RowResult, ...]:
@@ -664,12 +718,14 @@ def _recipe_factor(key: RowKey) -> str:
 def _seed_k_scores(
     rows_by_rule: Mapping[str, dict[RowKey, Row]], keys: Sequence[RowKey], metrics: _Metrics
 ) -> pd.DataFrame:
-    """One K-Score per (scoring rule, row, seed) against the baseline of the same seed and rule
-    (NaN: TC or invalid baseline).
+    """One K-Score per (scoring rule, row, seed, query form) against the baseline of the same
+    seed, rule and form (NaN: TC or invalid baseline).
 
     `keys` are the compared rows (the same under every rule: a rule changes scores, not which
     cells exist). The verdict gates that leave K undefined (invalid baseline, TC) do not
-    depend on p, so the per-seed McNemar p is passed unadjusted.
+    depend on p, so the per-seed McNemar p is passed unadjusted. A ladder form's K-Score reads
+    its forget queries with the canonical retain split; the adaptive form, asked of different
+    queries per row, has no pairs with its baseline and takes no part.
     """
     records = []
     for rule, rows in rows_by_rule.items():
@@ -677,20 +733,27 @@ def _seed_k_scores(
             row, baseline = rows[key], rows[key.baseline]
             for seed in sorted(set(row.seeds) & set(baseline.seeds)):
                 quartet = _quartet(row, baseline, by_seed=seed)
-                p = paired_mcnemar(quartet.none_forget, quartet.method_forget).p
-                verdict = decide_verdict(
-                    *(metrics(cell) for cell in quartet.cells()),
-                    p=p, p_adj=p, is_baseline=key.is_baseline, config=metrics.config,
-                )
-                records.append({
-                    "method": key.method,
-                    "substrate": key.substrate,
-                    "base_model": key.base_model,
-                    "seed": seed,
-                    "recipe": _recipe_factor(key),
-                    "scoring_rule": rule,
-                    "k_score": math.nan if verdict.k_score is None else verdict.k_score,
-                })
+                quartets = {CANONICAL: quartet}
+                for form, scored in row.forms.get(seed, {}).items():
+                    theirs = baseline.forms.get(seed, {}).get(form)
+                    if form != CANONICAL and theirs is not None and not form_class(form).adaptive:
+                        quartets[form] = dataclasses.replace(quartet, none_forget=theirs, method_forget=scored)
+                for form, cells in quartets.items():
+                    p = paired_mcnemar(cells.none_forget, cells.method_forget).p
+                    verdict = decide_verdict(
+                        *(metrics(cell) for cell in cells.cells()),
+                        p=p, p_adj=p, is_baseline=key.is_baseline, config=metrics.config,
+                    )
+                    records.append({
+                        "method": key.method,
+                        "substrate": key.substrate,
+                        "base_model": key.base_model,
+                        "seed": seed,
+                        "recipe": _recipe_factor(key),
+                        "scoring_rule": rule,
+                        "query_form": form,
+                        "k_score": math.nan if verdict.k_score is None else verdict.k_score,
+                    })
     return pd.DataFrame(records, columns=[*DESIGN_FACTORS, "k_score"])
 
 
@@ -737,4 +800,5 @@ def compare(cells: Iterable[CellRun], config: ScoringConfig | None = None, names
         answer_rules=_answer_rules(cells),
         models=across_models(results, patterns),
         trajectories=row_trajectories(rows, results, config.rule, names),
+        forms=form_rates(rows, results),
     )

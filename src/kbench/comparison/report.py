@@ -23,6 +23,7 @@ from kbench.comparison.tables import (
     attacker_budget_table,
     budget_verdict_table,
     control_table,
+    form_tables,
     leak_pattern_table,
     leaderboards,
     missing_baseline_table,
@@ -157,7 +158,11 @@ query: <code>kbench diff A.jsonl B.jsonl --query ID</code>.</p>
 
 <h2 id="leak-patterns">Substrate leak patterns</h2>
 <img alt="per-channel CER by substrate" src="{{ images.cer_by_substrate }}">
-{% for pair in leak_patterns %}{{ render(pair[0]) }}{{ render(pair[1]) }}{% endfor %}{% if models %}
+{% for pair in leak_patterns %}{{ render(pair[0]) }}{{ render(pair[1]) }}{% endfor %}{% if forms %}
+<h2 id="forms">Query forms</h2>
+<p class="note">The same facts asked other ways (<code>queries.forms</code>): a method clean on the canonical
+question may leak on a paraphrase or a completion. The η² table below has the form as a factor.</p>
+{% for table in forms %}{{ render(table) }}{% endfor %}{% endif %}{% if models %}
 <h2 id="models">Across base models</h2>
 {% for table in models %}{{ render(table) }}{% endfor %}{% endif %}
 
@@ -241,6 +246,7 @@ def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: 
         sensitivity=sensitivity_table(comparison),
         models=[model_verdict_table(comparison), model_tv_table(comparison)] if comparison.models else [],
         trajectories=trajectory_groups(comparison),
+        forms=form_tables(comparison),
         images={name: _data_uri(path) for name, path in images.items()},
         zip=zip,
     )
@@ -353,9 +359,14 @@ def render_results(comparison: Comparison, header: ResultsHeader, probes: Mappin
         table = leak_pattern_table(patterns)
         parts += [markdown_table(table.select([c for c in table.columns if c not in _PATTERN_COLUMNS_DROPPED])),
                   markdown_table(separation_table(patterns, comparison.config.tau_factor))]
+    if comparison.forms:
+        parts += ["## Query forms\n", *(markdown_table(t) for t in form_tables(comparison)),
+                  markdown_table(sensitivity_table(comparison))]
     if comparison.models:
         parts += ["## Across base models\n", markdown_table(model_verdict_table(comparison)),
-                  markdown_table(model_tv_table(comparison)), markdown_table(sensitivity_table(comparison))]
+                  markdown_table(model_tv_table(comparison))]
+        if not comparison.forms:
+            parts.append(markdown_table(sensitivity_table(comparison)))
     return "\n".join(parts)
 
 

@@ -149,6 +149,37 @@ def _leaderboard_row(result: RowResult) -> tuple[str, ...]:
     )
 
 
+#: The ladder's columns in the order a reader climbs it (a form not listed goes last, by name).
+FORM_ORDER = ("canonical", "paraphrase", "indirect", "completion", "adaptive")
+
+
+def _rate(found: tuple[float, int] | None) -> str:
+    return MISSING if found is None else f"{fmt_rate(found[0])} ({found[1]})"
+
+
+def form_tables(comparison: Comparison) -> list[Table]:
+    """The query-form ladder: per (base model, substrate), each row's forget OR(all) per form
+    beside its baseline's; none without `queries.forms`."""
+    tables = []
+    for (base_model, substrate), group in _grouped(comparison.forms, lambda f: (f.key.base_model, f.key.substrate_label)):
+        present = {form for f in group for form in f.method}
+        forms = sorted(present, key=lambda f: (FORM_ORDER.index(f) if f in FORM_ORDER else len(FORM_ORDER), f))
+        rows = tuple(
+            (f.key.method_label, *(f"{_rate(f.method.get(form))} vs {_rate(f.baseline.get(form))}" for form in forms))
+            for f in sorted(group, key=lambda f: f.key)
+        )
+        tables.append(Table(
+            title=f"{base_model} · {substrate}: OR forget per query form",
+            columns=("Method", *forms),
+            rows=rows,
+            note="Each cell: the row's forget OR(all) on the queries asked in that form (their number in "
+            "brackets), vs its baseline's. canonical: the same queries asked canonically; adaptive: "
+            "asked again only where the canonical answer was a refusal, so its queries differ by row. "
+            "Every verdict reads the canonical questions alone (docs/comparison.md, Query forms).",
+        ))
+    return tables
+
+
 def leaderboards(comparison: Comparison, substrates: Callable[[str], bool] = lambda _: True) -> list[Table]:
     """One leaderboard per (base model, substrate), sorted by K-Score; never pooled across
     substrates. `substrates`: which substrates get one (default: all)."""

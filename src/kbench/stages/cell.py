@@ -19,6 +19,7 @@ from kbench.agent import run_cell, setup_cell
 from kbench.config import ModelConfig, Params
 from kbench.corpus import load_corpus
 from kbench.design import design_digest, require_weights
+from kbench.forms import ladder, refused_again
 from kbench.methods import Fitted, method_class
 from kbench.methods.fitting import fitted_dir, load_fitted
 from kbench.names import (
@@ -175,9 +176,11 @@ def cell_tags(params: Params, spec: CellSpec, corpus_fingerprint: str, model: st
 
 
 def score_cell(records: list[TraceRecord], params: Params, seed: int) -> dict[str, dict]:
-    """The observer's metrics per split, as `kbench score --json` prints them."""
+    """The observer's metrics per split, as `kbench score --json` prints them, over the canonical
+    questions (the ladder's forms are read by the comparison)."""
     return {
-        split: score_records([r for r in records if r.split == split], params.scoring, seed).to_json()
+        split: score_records([r for r in records if r.split == split and r.form is None], params.scoring,
+                             seed).to_json()
         for split in SPLITS
     }
 
@@ -237,6 +240,14 @@ def run_cell_stage(
         merge_adapter=spec.recipe == MERGED, fitted=fitted, unlearned=unlearned,
     )
     records = run_cell(agent, items, out_dir / TRACES_FILE, progress=progress)
+    forms, form_n = params.queries.forms, params.queries.form_n
+    if forms:  # the ladder, after the canonical questions (whose batches it leaves as they were)
+        forget = [q for q, split in items if split == FORGET]
+        asked = [(q, FORGET) for q in ladder(forget, corpus.entities, forms, form_n)]
+        records = run_cell(agent, items + asked, out_dir / TRACES_FILE, progress=progress)
+        again = [(q, FORGET) for q in refused_again(forget, records, corpus.entities, forms, form_n)]
+        if again:
+            records = run_cell(agent, items + asked + again, out_dir / TRACES_FILE, progress=progress)
     metrics = score_cell(records, params, spec.seed)
     io.write_json(out_dir / METRICS_FILE, metrics)
 
