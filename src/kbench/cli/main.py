@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kbench.cli import app, catalog, memory, observer, project, replay, stages
+from kbench.cli import app, audit, catalog, memory, observer, project, replay, stages
 
 #: Modules that contribute subcommands through `add_subcommands(subparsers)`.
-COMMAND_MODULES = (stages, observer, project, catalog, memory, replay)
+COMMAND_MODULES = (stages, observer, project, catalog, memory, replay, audit)
 
 
 def build_parser():
