@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,6 +13,7 @@ from kbench.audit import CHAT, HARNESS, AuditError, certify, read_subjects
 from kbench.cli.main import main
 from kbench.records import FIELDS
 
+from _chat_stub import ChatStub, serving
 from _traces import leaking, trace
 
 SUBJECTS = [
@@ -25,18 +24,14 @@ SUBJECTS = [
 ]
 
 
-class _Deployed(BaseHTTPRequestHandler):
+class _Deployed(ChatStub):
     """A deployed agent. `knows` True: it still holds the subjects (the unlearning failed) and
     answers any question naming one with the first of their fields the question names; False:
     it answers "I do not know." (gold). It never calls a tool."""
 
     knows = True
 
-    def do_GET(self) -> None:  # noqa: N802  (/v1/models)
-        self._reply({"object": "list", "data": [{"id": "agent", "object": "model"}]})
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body) -> str:
         text = " ".join(m["content"] for m in body["messages"] if m["role"] == "user")
         answer = "I do not know."
         if _Deployed.knows:
@@ -44,30 +39,14 @@ class _Deployed(BaseHTTPRequestHandler):
                 if subject["name"] in text:
                     asked = [f for f in FIELDS if f.replace("_", " ").split()[0] in text.lower()] or ["occupation"]
                     answer = subject[asked[0]]
-        reply = f"Final Answer: {answer}" if body.get("stop") else answer
-        self._reply({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                     "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": reply}}]})
-
-    def _reply(self, data) -> None:
-        raw = json.dumps(data).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args) -> None:
-        pass
+        return f"Final Answer: {answer}" if body.get("stop") else answer
 
 
 @pytest.fixture
 def endpoint(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "local")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Deployed)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+    with serving(_Deployed) as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,11 +5,10 @@ comparison's OR per form and the form as an η² factor, and an unknown form ref
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+from _chat_stub import ChatStub, serving
 from _comparison_cells import cell_run
 from _traces import leaking, trace
 
@@ -62,53 +61,36 @@ def test_an_unknown_form_is_refused_naming_the_registered_ones():
         check_design(parse_params({"queries": {"forms": ["paraphrase", "paraphrase"]}}))
 
 
-class _Agent(BaseHTTPRequestHandler):
-    """An OpenAI-compatible stub of an agent that refuses canonical questions and answers any
-    other form with the truth (looked up in `truth`: question text -> value)."""
+class _Agent(ChatStub):
+    """An agent that refuses canonical questions and answers any other form with the truth
+    (looked up in `truth`: question text -> value)."""
 
     truth: dict[str, str] = {}
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body) -> str:
         if not body.get("stop"):
-            text = "A summary."
-        else:
-            question = next(m["content"] for m in body["messages"] if m["content"].startswith("Question: "))
-            value = _Agent.truth.get(question.removeprefix("Question: "))
-            text = f"Final Answer: {value}" if value else "Final Answer: I do not know."
-        reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                            "choices": [{"index": 0, "finish_reason": "stop",
-                                         "message": {"role": "assistant", "content": text}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args) -> None:
-        pass
+            return "A summary."
+        question = next(m["content"] for m in body["messages"] if m["content"].startswith("Question: "))
+        value = _Agent.truth.get(question.removeprefix("Question: "))
+        return f"Final Answer: {value}" if value else "Final Answer: I do not know."
 
 
 def test_a_cell_climbs_the_ladder_after_its_canonical_questions_and_scores_those_alone(
         kbench_root, small_corpus, monkeypatch):  # noqa: F811
     monkeypatch.setenv("OPENAI_API_KEY", "local")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Agent)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     write_corpus(small_corpus, kbench_root / "corpus")
     forget = small_corpus.sample_queries("forget", 3, 0)
     entities = small_corpus.entities
     _Agent.truth = {ask(q, entities[q.entity_id], f).question: q.ground_truth
                     for q in forget for f in ("paraphrase", "adaptive")}
-    model = {"backend": "openai", "path": "stub", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1"}
     out = {}
-    try:
+    with serving(_Agent) as url:
+        model = {"backend": "openai", "path": "stub", "base_url": url}
         for name, queries in {"plain": {}, "ladder": {"forms": ["paraphrase", "adaptive"], "form_n": 2}}.items():
             params = parse_params({"model": model, "agent_base": {"enabled": False},
                                    "queries": {"n_per_split": 3, **queries}})
             out[name] = run_cell_stage(params, CellSpec("C", "none", 0), corpus_dir=kbench_root / "corpus",
                                        index_dir=None, out_root=kbench_root / name, track=False, progress=False)
-    finally:
-        server.shutdown()
     plain = (out["plain"] / "traces.jsonl").read_text().splitlines()
     climbed = (out["ladder"] / "traces.jsonl").read_text().splitlines()
     assert climbed[: len(plain)] == plain  # the canonical records first, byte for byte

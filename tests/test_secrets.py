@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,41 +18,26 @@ from kbench.corpus import write_corpus
 from kbench.stages.cell import CellSpec, run_cell_stage
 
 from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
+from _chat_stub import ChatStub, serving
 
 KEY = "sk-planted-0123456789abcdef"
 PASSWORD = "pl4nted-pa55word"
 
 
-class _Stub(BaseHTTPRequestHandler):
+class _Stub(ChatStub):
     """Answers every chat completion with a final answer (or a summary when no stop is given)."""
 
     authorizations: list[str] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def answer(self, body) -> str:
         _Stub.authorizations.append(self.headers.get("Authorization", ""))
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        text = "Final Answer: unknown" if body.get("stop") else "A summary."
-        reply = json.dumps({
-            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
-        }).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args) -> None:
-        pass
+        return "Final Answer: unknown" if body.get("stop") else "A summary."
 
 
 @pytest.fixture
 def endpoint():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://kbench:{PASSWORD}@127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+    with serving(_Stub, f"kbench:{PASSWORD}") as url:
+        yield url
 
 
 def test_a_cell_run_writes_neither_the_key_nor_url_credentials(kbench_root, small_corpus, endpoint, monkeypatch,  # noqa: F811

@@ -163,6 +163,7 @@ def run_audit(asker: Asker, subjects: Sequence[Entity], forms: Sequence[str]) ->
 class ChannelResult:
     """One subject's leak on one channel, over every question asked about them."""
 
+    #: The channel (`CHANNELS`).
     channel: str
     #: Questions whose trajectory leaked through the channel, and questions where it was observed.
     leaks: int
@@ -170,14 +171,20 @@ class ChannelResult:
     rate: float | None
     #: 95% Clopper-Pearson interval of the rate; None without an observation.
     ci: tuple[float, float] | None
+    #: The rate is at most the certificate's threshold (or the channel was never observed).
     passed: bool
 
 
 @dataclass(frozen=True)
 class SubjectResult:
+    """One subject's line of the certificate."""
+
+    #: The subject's id (from the file, else `subject-<line>`) and name.
     id: str
     name: str
+    #: Questions asked about them: every field in every form (adaptive: where refused).
     questions: int
+    #: One result per channel the mode shows, in `CHANNELS` order.
     channels: tuple[ChannelResult, ...]
 
     @property
@@ -189,15 +196,18 @@ class SubjectResult:
 class Certificate:
     """What `kbench audit` certifies (also its JSON)."""
 
+    #: The audited endpoint, the model name there, the mode (`MODES`) and the forms asked.
     endpoint: str
     model: str
     mode: str
     forms: tuple[str, ...]
     #: A subject passes when every visible channel's leak rate is at most this.
     threshold: float
+    #: The matcher's scoring rule.
     rule: str
     #: The K-classes a paired study of `questions` queries per subject could reach (SPEC §10).
     reachable: tuple[str, ...]
+    #: One line per subject, in the file's order.
     subjects: tuple[SubjectResult, ...]
 
     @property
