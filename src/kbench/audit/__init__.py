@@ -101,8 +101,11 @@ def chat_asker(backend: Backend, subjects: Sequence[Entity], agent: AgentConfig)
     def run(queries: Sequence[Query]) -> list[TraceRecord]:
         conversations = [[Message(role="user", content=q.question)] for q in queries]
         replies = backend.generate(conversations, stop=(), max_new_tokens=agent.max_new_tokens)
-        summaries = backend.generate([summary_conversation(by_id[q.entity_id].name, []) for q in queries],
-                                     stop=(), max_new_tokens=agent.summary_max_new_tokens)
+        asked = list(dict.fromkeys(q.entity_id for q in queries))  # the summary prompt names the subject only
+        elicited = backend.generate([summary_conversation(by_id[e].name, []) for e in asked],
+                                    stop=(), max_new_tokens=agent.summary_max_new_tokens)
+        summary_of = dict(zip(asked, elicited))
+        summaries = [summary_of[q.entity_id] for q in queries]
         return [TraceRecord(
             query_id=q.query_id, entity_id=q.entity_id, split=FORGET, field=q.field, ground_truth=q.ground_truth,
             seed=0, substrate=AUDITED, method=AUDITED, steps=[], retrieval=[], answer=reply.text.strip(),
