@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from _comparison_cells import BASELINE_RETAIN, cell_run, design
-from _hash_seed import run_under_hash_seed
+from _hash_seed import run_under_hash_seeds
 from _traces import write_jsonl
 from PIL import Image
 
@@ -283,11 +283,10 @@ def test_every_report_file_is_the_same_bytes_under_every_string_hash_seed(tmp_pa
         "write_results(compare(design()), Path(sys.argv[1]) / 'results.md', ResultsHeader('d', 20, (0, 137), 'tiny', 'c'))\n"
     )
     tests = Path(__file__).resolve().parent
-    written = {}
-    for seed in range(4):  # a set of three names takes one of six orders per seed
-        out = tmp_path / str(seed)
-        run_under_hash_seed(code, seed, str(out), str(tests), MPLBACKEND="Agg")
-        written[seed] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    seeds = range(4)  # a set of three names takes one of six orders per seed
+    run_under_hash_seeds(code, seeds, lambda seed: (str(tmp_path / str(seed)), str(tests)), MPLBACKEND="Agg")
+    written = {seed: {p.relative_to(tmp_path / str(seed)).as_posix(): p.read_bytes()
+                      for p in sorted((tmp_path / str(seed)).rglob("*")) if p.is_file()} for seed in seeds}
     assert len(written[0]) > 4 and any(name.endswith(".png") for name in written[0]) and "results.md" in written[0]
     for seed, files in written.items():
         assert files.keys() == written[0].keys(), seed

@@ -113,7 +113,7 @@ def _wait_for_queue(root: Path, env: dict[str, str], timeout: float = 900.0) -> 
         status = _dvc(root, "queue", "status", env=env)
         if not any(word in status for word in ("Queued", "Running")) or time.monotonic() > deadline:
             return status
-        time.sleep(5)
+        time.sleep(1)
 
 
 @pytest.mark.slow

@@ -24,10 +24,10 @@ from test_endpoint_preset import _preset, _write
 
 
 @pytest.fixture(scope="module")
-def served(default_model, tmp_path_factory):
-    """A 2-layer random-weight model with SmolLM2's tokenizer and chat template, converted by
-    llama.cpp's converter and served: Mem0's ~8.6k-token prompts take seconds instead of the half
-    minute each takes on SmolLM2 (the cell test below serves the real model)."""
+def tiny_smol(default_model, tmp_path_factory):
+    """A 2-layer random-weight model with SmolLM2's tokenizer and chat template: Mem0's ~8.6k-token
+    prompts take seconds instead of the half minute each takes on SmolLM2 (the cell test below
+    serves the real model)."""
     folder = tmp_path_factory.mktemp("tiny-smol")
     copy_tokenizer(default_model, folder, "generation_config.json")
     config = AutoConfig.from_pretrained(default_model)
@@ -35,7 +35,13 @@ def served(default_model, tmp_path_factory):
                        num_key_value_heads=2, head_dim=16))
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    gguf = to_gguf(folder, tmp_path_factory.mktemp("gguf") / "model.gguf")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(tiny_smol, tmp_path_factory):
+    """`tiny_smol` converted by llama.cpp's converter and served."""
+    gguf = to_gguf(tiny_smol, tmp_path_factory.mktemp("gguf") / "model.gguf")
     with llama_server(gguf, alias="smol", threads=2, n_ctx=16384, trained_ctx=8192) as base_url:
         yield base_url
     port = urllib.parse.urlsplit(base_url).port
@@ -57,7 +63,7 @@ def test_the_server_answers_json_objects_on_loopback(served):
 
 
 @pytest.mark.slow
-def test_mem0_runs_an_instance_through_the_server(served, default_model, small_corpus):  # noqa: F811
+def test_mem0_runs_an_instance_through_the_server(served, tiny_smol, small_corpus):  # noqa: F811
     """The plumbing: Mem0's requests reach the server and come back (random weights: each extraction
     is counted as failed, not raised); the default run's memory lane runs mem0 on SmolLM2 itself."""
     from kbench.backends import build_backend
@@ -66,7 +72,7 @@ def test_mem0_runs_an_instance_through_the_server(served, default_model, small_c
     from kbench.memory.systems import LlmEndpoint, memory_system_class, run_instance
 
     (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
-    backend = build_backend(ModelConfig(path=str(default_model)))
+    backend = build_backend(ModelConfig(path=str(tiny_smol)))  # answers the probes: any model will do
     endpoint = LlmEndpoint(served, "smol", 128)
     run = run_instance(lambda: memory_system_class("mem0")(backend, endpoint=endpoint), instance)
     assert len(run.items) == len(instance.probes) and {i.system for i in run.items} == {"mem0"}
