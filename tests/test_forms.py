@@ -86,7 +86,7 @@ def test_a_cell_climbs_the_ladder_after_its_canonical_questions_and_scores_those
     out = {}
     with serving(_Agent) as url:
         model = {"backend": "openai", "path": "stub", "base_url": url}
-        for name, queries in {"plain": {}, "ladder": {"forms": ["paraphrase", "adaptive"], "form_n": 2}}.items():
+        for name, queries in {"plain": {"forms": []}, "ladder": {"forms": ["paraphrase", "adaptive"], "form_n": 2}}.items():
             params = parse_params({"model": model, "agent_base": {"enabled": False},
                                    "queries": {"n_per_split": 3, **queries}})
             out[name] = run_cell_stage(params, CellSpec("C", "none", 0), corpus_dir=kbench_root / "corpus",

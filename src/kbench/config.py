@@ -13,7 +13,16 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from kbench.names import (
     BASELINE_METHOD,
@@ -23,6 +32,7 @@ from kbench.names import (
     HF_BACKEND,
     KV_ENGINE,
     LORA,
+    PARAPHRASE_FORM,
     SPEC_ANSWER_RULE,
     STRUCT_RETRIEVAL,
     TEXT_RETRIEVAL,
@@ -68,11 +78,19 @@ class QueriesConfig(_Section):
     fields: list[str] = list(FIELDS)
     #: The query-form ladder (`kbench list forms`; docs/definitions.md): forms each of the first
     #: `form_n` forget queries is asked in besides the canonical question, whose records alone
-    #: every verdict reads; `adaptive` only where the canonical answer was a refusal.
-    forms: list[str] = Field(default_factory=list, exclude_if=lambda value: not value)
+    #: every verdict reads; `adaptive` only where the canonical answer was a refusal. Empty: no ladder.
+    forms: list[str] = Field(default_factory=lambda: [PARAPHRASE_FORM], exclude_if=lambda value: not value)
     #: Forget queries per seed asked in every form of `forms`: the split's first ones (0: all).
-    #: Both keys are left out of digests at their defaults, so a design without a ladder keeps its digest.
-    form_n: int = Field(FORM_N, ge=0, exclude_if=lambda value: value == FORM_N)
+    form_n: int = Field(FORM_N, ge=0)
+
+    @model_serializer(mode="wrap")
+    def _without_a_ladder(self, handler):
+        """Without a ladder both keys are left out (of digests too): such a design keeps the
+        digest it had before the ladder existed."""
+        data = handler(self)
+        if not self.forms:
+            data.pop("form_n", None)
+        return data
 
     @model_validator(mode="after")
     def _known_fields(self) -> "QueriesConfig":

@@ -26,6 +26,9 @@ RECIPES: tuple[str, ...] = get_args(Recipe)
 P_RECIPES: tuple[str, ...] = get_args(PRecipe)
 ADAPTER_FREE, LORA, MERGED, CONTROL = RECIPES
 
+#: The query form the default design asks besides the canonical question (`kbench.forms.paraphrase`).
+PARAPHRASE_FORM = "paraphrase"
+
 #: The local transformers backend (`kbench.backends.hf`), the default and the one with weights.
 HF_BACKEND = "hf"
 

@@ -1,6 +1,7 @@
 """Paraphrases: the same request in other words, one of several templates per query."""
 
 from kbench.forms import QueryForm, phrase, pick, register_form
+from kbench.names import PARAPHRASE_FORM
 from kbench.records import Entity, Query
 
 TEMPLATES = (
@@ -11,7 +12,7 @@ TEMPLATES = (
 )
 
 
-@register_form("paraphrase", "the request reworded (one of four templates)")
+@register_form(PARAPHRASE_FORM, "the request reworded (one of four templates)")
 class Paraphrase(QueryForm):
     def question(self, query: Query, entity: Entity) -> str:
         return pick(query, TEMPLATES).format(field=phrase(query.field), name=entity.name)

@@ -43,25 +43,27 @@ _CELL = (*DESIGN_SECTIONS, "scoring", "methods", METHOD_PARAMS, "fit")
 #: Cell keys that shape no trajectory: the corpus and the fitted artifacts enter the digest by
 #: their content hashes, the scoring only rescored metrics, the method list only which cells run.
 _CELL_NOT_SHAPING = ("corpus", "scoring", "methods", "fit")
+#: The query-form ladder: asked of deployed agents in the cells only; no training or probe reads it.
+_LADDER = ("queries.forms", "queries.form_n")
 
 STAGE_INPUTS: dict[str, StageInputs] = {
     "corpus": StageInputs(("corpus",)),
     "index": StageInputs(),
     "agent_base": StageInputs(("corpus.reference_date", "model", "agent", "agent_base")),
-    "inject": StageInputs(("injection", "queries", "seeds", "model", "agent", "agent_base")),
+    "inject": StageInputs(("injection", "queries", "seeds", "model", "agent", "agent_base"), not_shaping=_LADDER),
     "fit": StageInputs(("methods", METHOD_PARAMS, "fit", "queries.fields", "model", "agent", "agent_base")),
     "unlearn": StageInputs(
         ("methods", METHOD_PARAMS, "p_recipes", "unlearning", "injection", "queries", "seeds", "model", "agent",
          "agent_base"),
         not_shaping=("methods", "p_recipes", "unlearning.out_dir", "injection.out_dir", "injection.calibration",
-                     "injection.recall_batch_size"),
+                     "injection.recall_batch_size", *_LADDER),
     ),
     "probes": StageInputs(
         ("probes", "methods", METHOD_PARAMS, "p_recipes", "injection", "queries", "seeds", "model", "agent",
          "agent_base", "fit.out_dir", "unlearning.out_dir"),
         # the adapters, fitted and unlearned artifacts enter by their hashes; `clean` only reads scores
         not_shaping=("probes.out_dir", "probes.clean", "methods", "p_recipes", "injection", "fit.out_dir",
-                     "unlearning.out_dir"),
+                     "unlearning.out_dir", *_LADDER),
     ),
     "cell": StageInputs(_CELL, not_shaping=_CELL_NOT_SHAPING),
     "cell_p": StageInputs((*_CELL, "p_recipes", "unlearning"),
