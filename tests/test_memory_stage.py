@@ -7,9 +7,12 @@ import json
 
 import pytest
 
+from kbench.comparison.analysis import compare
+from kbench.comparison.report import Provenance
 from kbench.config import Params
 from kbench.memory.instances import read_instances
 from kbench.memory.records import read_items
+from kbench.stages.compare import lane_scores, write_reports
 
 from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 from test_memory_systems import EchoBackend
@@ -55,7 +58,17 @@ def test_the_lane_writes_instances_items_scores_traces_and_a_page(lane, kbench_r
     assert reference["PR"] == 1.0 and reference["FE"] > full["FE"]
     assert memory_report.main(params, memory_report.Options()) == 0
     page = (kbench_root / "docs/results-memory.md").read_text()
-    assert "| reference | 2 |" in page and "## Forget efficacy by request type" in page and "FE vs PR" in page
+    assert "| reference | 2 |" in page and "### Forget efficacy by request type" in page and "FE vs PR" in page
+    # The report's memory section reads the same scores; the execution-state lane has not run here.
+    lanes = lane_scores(params)
+    assert list(lanes.memory) == SYSTEMS and lanes.memory["reference"] == reference and lanes.replay == {}
+    write_reports(compare([], params.scoring), kbench_root / "reports", Provenance("kbench", "sqlite://", 0, "abc"),
+                  None, lanes)
+    html = (kbench_root / "reports/index.html").read_text()
+    memory_section = html.split('<h2 id="memory">')[1]
+    assert "<td>reference</td><td>2</td>" in memory_section and "Attack resistance by attack" in memory_section
+    assert 'alt="forget efficacy against preservation per memory system" src="data:image/png;base64,' in memory_section
+    assert "No scores of the execution-state lane" in html
     experiment = mlflow.get_experiment_by_name(params.tracking.experiment).experiment_id
     assert len(mlflow.search_traces(locations=[experiment], return_type="list")) == 2 * len(SYSTEMS)
 

@@ -305,16 +305,19 @@ def test_channel_rates_say_where_z_resurfaces():
     assert list(rates) == ["B0", "B7"]
 
 
+def _suite_scores(b7: float, b5: float) -> dict:
+    """A suite's scores with B7 and B5 costing `b7` and `b5` recomputed tokens."""
+    ops = {op: {"any": 0.0, "cad": 0.0, "recomputed_tokens": tokens, "leak_at_probes": 0.0, "leak_at_k": None}
+           for op, tokens in (("B0", 0.0), ("B5", b5), ("B7", b7))}
+    return {"operators": ops, "sessions": 4, "valid": True, "savings": b5 / b7, "bound": 1.0, "kept_probes": [],
+            "b7_equals_b5": {"equal": 4, "sessions": 4}, "b7_transitions_at_bound": {"at_bound": 4, "sessions": 4},
+            "b1_equals_b0": {"equal": 4, "sessions": 4}, "tests": None}
+
+
 def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     from kbench.replay.report import render_results, sweep_summary
 
-    def suite_scores(b7: float, b5: float) -> dict:
-        ops = {op: {"any": 0.0, "cad": 0.0, "recomputed_tokens": tokens, "leak_at_probes": 0.0, "leak_at_k": None}
-               for op, tokens in (("B0", 0.0), ("B5", b5), ("B7", b7))}
-        return {"operators": ops, "sessions": 4, "valid": True, "savings": b5 / b7, "bound": 1.0, "kept_probes": [],
-                "b7_equals_b5": {"equal": 4, "sessions": 4}, "b7_transitions_at_bound": {"at_bound": 4, "sessions": 4},
-                "b1_equals_b0": {"equal": 4, "sessions": 4}, "tests": None}
-
+    suite_scores = _suite_scores
     scores = {"s": suite_scores(400, 600), **{f"s@tau={t}": suite_scores(600 - 100 * (t - 1), 600) for t in (1, 2, 3, 4)},
               "s@indep=0.25": suite_scores(400, 600)}
     summary = sweep_summary("s", scores)
@@ -323,7 +326,35 @@ def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     assert summary["indep"] == [{"indep": 0.25, "any": {"B0": 0.0, "B5": 0.0, "B7": 0.0}}]
     assert sweep_summary("other", scores) is None
     page = render_results(scores, model="m", params_digest="d", sweeps={"s": summary})
-    assert "**τ sweep, s**" in page and "| 4 | 300 | 600 |" in page
+    assert "### τ sweep: s" in page and "| 4 | 300 | 600 |" in page
+
+
+def test_the_report_reads_the_suites_and_sweeps_the_params_name(tmp_path, monkeypatch):
+    """`lane_scores` reads `replay.out_dir/<label>/scores.json` of every configured label (a
+    leftover suite folder is not shown); index.html has the lane's tables and its τ plot."""
+    import json
+
+    from kbench.comparison.analysis import compare
+    from kbench.comparison.report import Provenance
+    from kbench.config import Params
+    from kbench.stages.compare import lane_scores, write_reports
+
+    monkeypatch.chdir(tmp_path)
+    params = Params.model_validate({"replay": {"suites": ["s"], "sweep_suites": ["s"], "tau_sweep": [1, 2, 3]}})
+    for t, label in enumerate(["s", "s@tau=1", "s@tau=2", "s@tau=3", "leftover"]):
+        (tmp_path / "artifacts/replay" / label).mkdir(parents=True)
+        (tmp_path / "artifacts/replay" / label / "scores.json").write_text(json.dumps(_suite_scores(600 - 100 * t, 600)))
+    lanes = lane_scores(params)
+    assert list(lanes.replay) == ["s", "s@tau=1", "s@tau=2", "s@tau=3"] and lanes.memory == {}
+    assert lanes.sweeps["s"]["tau"]["b7_fit"]["slope"] == pytest.approx(-100)
+    write_reports(compare([], params.scoring), tmp_path / "reports", Provenance("kbench", "sqlite://", 0, "abc"),
+                  None, lanes)
+    section = (tmp_path / "reports/index.html").read_text().split('<h2 id="replay">')[1].split('<h2 id="memory">')[0]
+    assert "Table 1: leaks and cost" in section and "<td>B7</td>" in section and "Exactness and savings" in section
+    assert "τ sweep: s" in section and 'alt="recomputed tokens against tau" src="data:image/png;base64,' in section
+    (tmp_path / "artifacts/replay/s/scores.json").write_text("{")
+    with pytest.raises(ValueError, match=r"artifacts/replay/s/scores.json is unreadable .*rerun `dvc repro replay`"):
+        lane_scores(params)
 
 
 def test_a_model_the_kv_engine_cannot_hold_is_refused_in_one_line(tmp_path, tiny_model_dir):  # noqa: F811

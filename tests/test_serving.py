@@ -17,7 +17,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from kbench.backends import llama_cpp as llama_cpp_backend
 from kbench.backends.llama_cpp import LlamaCppBackend
 from kbench.cli.main import main
+from kbench.config import Params
 from kbench.serving import ServingError, check_endpoint, llama_server, to_gguf
+from kbench.stages.memory import endpoint_for
 
 from _agent_fixtures import copy_tokenizer, small_corpus  # noqa: F401  (fixture)
 from test_endpoint_preset import _preset, _write
@@ -79,6 +81,21 @@ def test_mem0_runs_an_instance_through_the_server(served, tiny_smol, small_corpu
     assert set(run.memories) == {"control", "forget"} and run.failures > 0
     # Mem0's prompt is dated by the session, not the wall clock: today's date appears in no memory
     assert date.today().isoformat() not in "\n".join(run.memories.values())
+
+
+@pytest.mark.slow
+def test_the_memory_stage_serves_the_agent_base_for_its_duration(tiny_smol):
+    """With no endpoint of the user's or the run's, mem0's calls go to a llama.cpp server over the
+    agent base under `memory.llm_model`'s name, stopped when the stage's systems are done."""
+    from openai import OpenAI
+
+    params = Params.model_validate({"model": {"path": str(tiny_smol)}, "agent_base": {"enabled": False},
+                                    "memory": {"llm_model": "base", "llm_context": 16384}})
+    with endpoint_for(params) as endpoint:
+        assert (endpoint.model, urllib.parse.urlsplit(endpoint.base_url).hostname) == ("base", "127.0.0.1")
+        assert [m.id for m in OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key).models.list()] == ["base"]
+    with socket.socket() as probe:  # stopped with the stage's systems
+        assert probe.connect_ex(("127.0.0.1", urllib.parse.urlsplit(endpoint.base_url).port)) != 0
 
 
 def test_a_file_that_is_no_model_and_a_silent_endpoint_are_one_line_each(tmp_path):

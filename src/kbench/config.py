@@ -461,6 +461,22 @@ class ReplayConfig(_Section):
             raise ValueError("replay.indep_sweep values must lie in [0, 1]")
         return self
 
+    def variants(self, suite: str) -> list[tuple[str, ReplayConfig]]:
+        """`suite` as configured, then one variant per sweep value, each under its label
+        (`<suite>@tau=2`, `<suite>@indep=0.25`: its folder under `out_dir`)."""
+        found = [(suite, self)]
+        if suite not in self.sweep_suites:
+            return found
+        for key, values in (("tau", self.tau_sweep), ("indep", self.indep_sweep)):
+            for value in values:
+                changed = self.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": [], "sweep_suites": []})
+                found.append((f"{suite}@{key}={value}", changed))
+        return found
+
+    def labels(self) -> list[str]:
+        """Every suite's label and its sweep variants', in run order."""
+        return [label for suite in self.suites for label, _ in self.variants(suite)]
+
 
 class MemoryConfig(_Section):
     """`memory`: the memory-unlearning lane (SPEC §15, stages `memory_instances`, `memory`,

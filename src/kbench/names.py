@@ -60,6 +60,9 @@ TIERS: tuple[str, ...] = get_args(Tier)
 #: and on P one key per (recipe, method), `probed_p_key`.
 PROBED_AGENT_BASE, PROBED_CONTROL = "agent-base", "lora-d"
 PROBES_SUMMARY_FILE = "summary.json"
+#: The scores a lane's stage writes in each suite's (`replay`) or system's (`memory`) folder, which
+#: the lane's page and the report read.
+LANE_SCORES_FILE = "scores.json"
 
 
 def probed_p_key(recipe: str, method: str) -> str:

@@ -76,16 +76,18 @@ def _served_file(path: Path) -> Path:
     return gguf
 
 
-def serve(path: str | Path, threads: int) -> str:
-    """The API root of this process's llama.cpp server over `path`, started on first use."""
-    key = (str(Path(path).resolve()), threads)
+def serve(path: str | Path, threads: int, *, n_ctx: int | None = None, alias: str = ALIAS) -> str:
+    """The API root of this process's llama.cpp server over `path` serving model `alias`, started
+    on first use. `n_ctx` None is the model's trained context; a longer one is reached with YaRN."""
+    key = (str(Path(path).resolve()), threads, n_ctx, alias)
     if key not in _servers:
         if not _servers:  # runs at this process's exit, a pool worker's included (atexit does not)
             multiprocessing.util.Finalize(None, stop_servers, exitpriority=100)
         gguf = _served_file(Path(path))
         trained, chat_format = _gguf_facts(gguf)
-        _servers[key] = _running.enter_context(
-            llama_server(gguf, alias=ALIAS, threads=threads, n_ctx=trained or 0, chat_format=chat_format))
+        _servers[key] = _running.enter_context(llama_server(
+            gguf, alias=alias, threads=threads, n_ctx=n_ctx or trained or 0, trained_ctx=trained,
+            chat_format=chat_format))
     return _servers[key]
 
 

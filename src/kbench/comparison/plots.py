@@ -6,8 +6,9 @@ Each figure is drawn from one data frame, and that frame is also written as CSV 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -218,11 +219,67 @@ def plot_specs(comparison: Comparison) -> dict[str, tuple[pd.DataFrame, Callable
     }
 
 
-def write_plots(comparison: Comparison, folder: Path) -> dict[str, Path]:
-    """Write plots/<name>.png and plots/<name>.csv; return the PNG paths by name."""
+def fe_pr_frame(memory: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """The memory lane's systems: forget efficacy and preservation (None: not scored)."""
+    return pd.DataFrame([(system, row["FE"], row["PR"]) for system, row in memory.items()],
+                        columns=["system", "FE", "PR"])
+
+
+def fe_pr_figure(frame: pd.DataFrame) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(6, 5))
+    scored = frame.dropna(subset=["FE", "PR"])
+    ax.scatter(scored["FE"].astype(float), scored["PR"].astype(float), color="tab:blue")
+    for system, fe, pr in scored.itertuples(index=False):
+        ax.annotate(system, (fe, pr), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlim(-0.05, 1.05)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("forget efficacy FE")
+    ax.set_ylabel("preservation PR")
+    ax.set_title("Memory systems: forgetting against keeping")
+    fig.tight_layout()
+    return fig
+
+
+def tau_frame(sweeps: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """The τ sweeps of the execution-state lane: B7's and B5's mean recomputed tokens per τ."""
+    return pd.DataFrame([(suite, p["tau"], p["b7_tokens"], p["b5_tokens"]) for suite, summary in sweeps.items()
+                         for p in summary.get("tau", {}).get("points", [])],
+                        columns=["suite", "tau", "B7", "B5"])
+
+
+def tau_figure(frame: pd.DataFrame) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for suite, part in frame.groupby("suite", sort=True):
+        ax.plot(part["tau"], part["B7"], marker="o", label=f"{suite}: B7 (selective replay)")
+        ax.plot(part["tau"], part["B5"], marker="s", linestyle="--", label=f"{suite}: B5 (full reset)")
+    ax.set_xlabel("τ (the turn z entered)")
+    ax.set_ylabel("mean recomputed tokens")
+    ax.set_title("Cost of forgetting against τ")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def lane_plot_specs(memory: Mapping[str, Mapping[str, Any]],
+                    sweeps: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[pd.DataFrame, Callable[[], plt.Figure]]]:
+    """The other lanes' figures, each where its lane has data: the FE-vs-PR scatter of the memory
+    systems and the τ sweep of the execution-state lane."""
+    specs: dict[str, tuple[pd.DataFrame, Callable[[], plt.Figure]]] = {}
+    fe_pr, tau = fe_pr_frame(memory), tau_frame(sweeps)
+    if not fe_pr.empty:
+        specs["memory_fe_pr"] = (fe_pr, lambda: fe_pr_figure(fe_pr))
+    if not tau.empty:
+        specs["replay_tau_sweep"] = (tau, lambda: tau_figure(tau))
+    return specs
+
+
+def write_plots(comparison: Comparison, folder: Path,
+                extra: Mapping[str, tuple[pd.DataFrame, Callable[[], plt.Figure]]] | None = None) -> dict[str, Path]:
+    """Write plots/<name>.png and plots/<name>.csv for the comparison's figures and `extra`
+    (`lane_plot_specs`); return the PNG paths by name."""
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for name, (frame, draw) in plot_specs(comparison).items():
+    for name, (frame, draw) in {**plot_specs(comparison), **(extra or {})}.items():
         io.write_text(folder / f"{name}.csv", frame.to_csv(index=False))
         fig = draw()
         try:

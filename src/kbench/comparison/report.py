@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,22 @@ alone, beside what the observer finds on the deployed agent (docs/probes.md).</p
 
 <h2 id="sensitivity">Sensitivity (η²)</h2>
 {{ render(sensitivity) }}
+
+<h2 id="replay">Execution-state lane</h2>
+{% if lanes.replay %}<p class="note">Forget requests inside a running agent session (SPEC §14,
+docs/replay.md): each forget operator on the suites' sessions, read against the full reset B5; from the
+<code>replay</code> stage's scores.</p>
+{% for table in lanes.replay %}{{ render(table) }}{% endfor %}
+{% if 'replay_tau_sweep' in images %}<img alt="recomputed tokens against tau" src="{{ images.replay_tau_sweep }}">{% endif %}
+{% else %}<p class="warning">No scores of the execution-state lane: run the <code>replay</code> stage
+(<code>dvc repro replay</code>).</p>{% endif %}
+
+<h2 id="memory">Memory lane</h2>
+{% if lanes.memory %}<p class="note">Forget requests to agent memory systems (SPEC §15, docs/memory.md); from
+each system's scores.</p>
+{% for table in lanes.memory %}{{ render(table) }}{% endfor %}
+{% if 'memory_fe_pr' in images %}<img alt="forget efficacy against preservation per memory system" src="{{ images.memory_fe_pr }}">{% endif %}
+{% else %}<p class="warning">No scores of the memory lane: run its stages (<code>dvc repro memory_report</code>).</p>{% endif %}
 </body></html>
 """
 )
@@ -222,9 +238,11 @@ def _data_uri(png: Path) -> str:
 
 
 def render_html(comparison: Comparison, images: Mapping[str, Path], provenance: Provenance,
-                probes: Mapping[str, Any] | None = None) -> str:
-    """The report; `probes` is the probes stage's summary (None: not run)."""
+                probes: Mapping[str, Any] | None = None, lanes: Mapping[str, Sequence[Table]] | None = None) -> str:
+    """The report; `probes` is the probes stage's summary (None: not run); `lanes` the tables of
+    the execution-state and memory lanes (`replay`, `memory`; absent or empty: not run)."""
     return _HTML.render(
+        lanes={"replay": [], "memory": [], **(lanes or {})},
         probes_run=bool(probes),
         probe_baselines=probe_baseline_table(comparison, dict(probes or {})),
         probe_methods=probe_method_table(comparison, dict(probes or {})),

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kbench.comparison.report import markdown_table
+from kbench.comparison.tables import Table
 from kbench.memory.records import ATTACKS, REQUEST_TYPES, TIERS
 from kbench.memory.scoring import METRICS
 from kbench.observer.format import fmt_rate
@@ -42,63 +44,54 @@ def scatter(points: Mapping[str, tuple[float | None, float | None]]) -> list[str
             *legend, "(* marks systems on the same point)", "```"]
 
 
+def tables(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
+    """The lane's tables for `scores` ({system: its scores.json}): the results page's and the report's."""
+    systems = list(scores)
+    found = [Table(
+        "Systems", ("System", "instances", *METRICS, "still in memory", "failed memory operations"),
+        tuple((system, str(scores[system]["instances"]), *(_cell(scores[system][m], scores[system]["ci"][m]) for m in METRICS),
+               _cell((scores[system].get("residue") or {"rate": None})["rate"]), str(scores[system].get("failures", "-")))
+              for system in systems),
+        f"Each cell is a rate with its {_level(scores)} cluster-bootstrap interval over instances (SPEC §15). "
+        "`reference` is the counterfactual: the dialogue rebuilt without the requested facts. Still in memory "
+        "(beyond the seed): the fraction of requested facts whose value the system's own memory (stored facts, "
+        "summary, index or transcript) still holds after the forget version's dialogue, whatever its replies say.")]
+    found.append(Table(
+        "Forget efficacy by request type", ("System", *REQUEST_TYPES),
+        tuple((system, *(_estimate(scores[system]["fe_by_request_type"][t]) for t in REQUEST_TYPES)) for system in systems),
+        "F1 a fact, F2 a topic, F3 a session, F4 an inferred fact, F5 a retraction, F6 a replacement; n: items."))
+
+    def kept(system: str, kind: str) -> str:
+        entry = (scores[system].get("residue") or {}).get("by_request_type", {}).get(kind)
+        return "-" if entry is None else f"{_cell(entry['rate'])} (n={entry['n']})"
+
+    found.append(Table("Still in memory, by request type", ("System", *REQUEST_TYPES),
+                       tuple((system, *(kept(system, t) for t in REQUEST_TYPES)) for system in systems)))
+    found.append(Table(
+        "Attack resistance by attack", ("System", *ATTACKS),
+        tuple((system, *(_estimate(scores[system]["ar_by_attack"][a]) for a in ATTACKS)) for system in systems)))
+    tiers = [t for t in TIERS if any(t in scores[s].get("by_tier", {}) for s in systems)]
+    if tiers:
+        found.append(Table(
+            "By length tier", ("System", "tier", *METRICS),
+            tuple((system, tier, *(_cell(row[m], row["ci"][m]) for m in METRICS))
+                  for system in systems for tier in tiers
+                  if (row := scores[system].get("by_tier", {}).get(tier)) is not None)))
+    return found
+
+
 def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str) -> str:
     """The page for `scores` ({system: its scores.json})."""
     systems = list(scores)
-    lines = [
-        "# Memory lane: results",
-        "",
-        f"Written by the `memory_report` stage (docs/memory.md) for model `{model}`, memory params digest "
-        f"`{params_digest}`. Each cell is a rate with its {_level(scores)} cluster-bootstrap interval over "
-        "instances and its count (items; requests for RPR; instances for the Score), SPEC §15. "
-        "`reference` is the counterfactual: the dialogue rebuilt without the requested facts. "
-        "Do not edit: rerun `dvc repro memory_report`.",
-        "",
-        "## Systems",
-        "",
-        "| system | instances | " + " | ".join(METRICS) + " | still in memory | failed memory operations |",
-        "|---|---:|" + "---:|" * len(METRICS) + "---:|---:|",
-    ]
-    for system in systems:
-        row = scores[system]
-        cells = [_cell(row[m], row["ci"][m]) for m in METRICS]
-        residue = row.get("residue") or {"rate": None}
-        lines.append(f"| {system} | {row['instances']} | " + " | ".join(cells)
-                     + f" | {_cell(residue['rate'])} | {row.get('failures', '-')} |")
-    lines += ["", "Still in memory (beyond the seed): the fraction of requested facts whose value the system's "
-              "own memory (stored facts, summary, index or transcript) still holds after the forget version's "
-              "dialogue, whatever its replies say."]
-    lines += ["", "## Forget efficacy by request type", "",
-              "F1 a fact, F2 a topic, F3 a session, F4 an inferred fact, F5 a retraction, F6 a replacement.", "",
-              "| system | " + " | ".join(REQUEST_TYPES) + " |", "|---|" + "---:|" * len(REQUEST_TYPES)]
-    for system in systems:
-        by_type = scores[system]["fe_by_request_type"]
-        lines.append(f"| {system} | " + " | ".join(_estimate(by_type[t]) for t in REQUEST_TYPES) + " |")
-    lines += ["", "Still in memory, by request type:", "", "| system | " + " | ".join(REQUEST_TYPES) + " |",
-              "|---|" + "---:|" * len(REQUEST_TYPES)]
-    for system in systems:
-        by_type = (scores[system].get("residue") or {}).get("by_request_type", {})
-        lines.append(f"| {system} | " + " | ".join(
-            "-" if t not in by_type else f"{_cell(by_type[t]['rate'])} (n={by_type[t]['n']})" for t in REQUEST_TYPES) + " |")
-    lines += ["", "## Attack resistance by attack", "",
-              "| system | " + " | ".join(ATTACKS) + " |", "|---|" + "---:|" * len(ATTACKS)]
-    for system in systems:
-        by_attack = scores[system]["ar_by_attack"]
-        lines.append(f"| {system} | " + " | ".join(_estimate(by_attack[a]) for a in ATTACKS) + " |")
-    tiers = [t for t in TIERS if any(t in scores[s].get("by_tier", {}) for s in systems)]
-    if tiers:
-        lines += ["", "## By length tier", "", "| system | tier | " + " | ".join(METRICS) + " |",
-                  "|---|---|" + "---:|" * len(METRICS)]
-        for system in systems:
-            for tier in tiers:
-                row = scores[system].get("by_tier", {}).get(tier)
-                if row is not None:
-                    lines.append(f"| {system} | {tier} | " + " | ".join(_cell(row[m], row["ci"][m]) for m in METRICS) + " |")
-    lines += ["", "## Forgetting against keeping: FE vs PR", "",
-              "A system in the top right forgets what it is asked to and keeps the rest; bottom right deletes "
-              "too much, top left forgets nothing.", "",
-              *scatter({s: (scores[s]["FE"], scores[s]["PR"]) for s in systems}), ""]
-    return "\n".join(lines)
+    head = ("# Memory lane: results\n\n"
+            f"Written by the `memory_report` stage (docs/memory.md) for model `{model}`, memory params digest "
+            f"`{params_digest}`. Do not edit: rerun `dvc repro memory_report`.\n")
+    scatter_part = "\n".join([
+        "### Forgetting against keeping: FE vs PR", "",
+        "A system in the top right forgets what it is asked to and keeps the rest; bottom right deletes "
+        "too much, top left forgets nothing.", "",
+        *scatter({s: (scores[s]["FE"], scores[s]["PR"]) for s in systems}), ""])
+    return "\n".join([head, *(markdown_table(t) for t in tables(scores)), scatter_part])
 
 
 def _level(scores: Mapping[str, Mapping[str, Any]]) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import linregress
 
+from kbench.comparison.report import markdown_table
+from kbench.comparison.tables import Table
 from kbench.observer.format import fmt_rate
 from kbench.replay.records import OPERATORS
 
@@ -61,46 +63,28 @@ def render_no_suites(model: str) -> str:
             "is empty in this design's params.\n")
 
 
-def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str,
-                   sweeps: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """The page for `scores` ({suite: `score_suite` output plus `not_entered`})."""
+def _table1(scores: Mapping[str, Mapping[str, Any]]) -> Table:
     suites = list(scores)
-    lines = [
-        "# Execution-state lane: results",
-        "",
-        f"Written by the `replay` stage (docs/replay.md) for model `{model}`, replay params digest "
-        f"`{params_digest}`. Each cell is a mean over the suite's sessions; every operator is read "
-        "against the full reset B5 (SPEC §14). Do not edit: rerun `dvc repro replay`.",
-        "",
-        "## Table 1: leaks and cost",
-        "",
-        "any = exact or action leak; CAD = call-argument distance to B5; tokens = recomputed tokens (the "
-        "operator's own work).",
-        "",
-        "| operator | " + " | ".join(f"{s}: any | CAD | tokens" for s in suites) + " |",
-        "|---|" + "---:|---:|---:|" * len(suites),
-    ]
+    rows = []
     for operator in OPERATORS:
-        cells = []
+        cells: list[str] = []
         for suite in suites:
             row = scores[suite]["operators"].get(operator)
             cells += ["-", "-", "-"] if row is None else [fmt_rate(row["any"]), f"{row['cad']:.3f}",
                                                           f"{row['recomputed_tokens']:.0f}"]
         if any(c != "-" for c in cells):
-            lines.append(f"| {operator} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Table 2: probes",
-        "",
-        "Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite); "
-        "Leak@k: some of k replies sampled per kept probe does (- when `replay.leak_at_k` is 0). "
-        "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators.",
-        "",
-        "| operator | " + " | ".join(f"{s}: Leak@probes | Leak@k | p (any) | p (probes)" for s in suites) + " |",
-        "|---|" + "---:|---:|---:|---:|" * len(suites),
-    ]
+            rows.append((operator, *cells))
+    columns = ("Operator", *(f"{s}: {c}" for s in suites for c in ("any", "CAD", "tokens")))
+    return Table("Table 1: leaks and cost", columns, tuple(rows),
+                 "any = exact or action leak; CAD = call-argument distance to B5; tokens = recomputed tokens "
+                 "(the operator's own work). Each cell is a mean over the suite's sessions.")
+
+
+def _table2(scores: Mapping[str, Mapping[str, Any]]) -> Table:
+    suites = list(scores)
+    rows = []
     for operator in OPERATORS:
-        cells = []
+        cells: list[str] = []
         for suite in suites:
             row = scores[suite]["operators"].get(operator)
             tests = (scores[suite].get("tests") or {}).get(operator)
@@ -111,48 +95,74 @@ def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, param
                       _p(tests["mcnemar_any"]["p_adj"]) if tests else "-",
                       _p(tests["mcnemar_leak_at_probes"]["p_adj"]) if tests else "-"]
         if any(c != "-" for c in cells):
-            lines.append(f"| {operator} | " + " | ".join(cells) + " |")
-    lines += ["", "## Channels", "",
-              "Beyond the paper: the post-revocation turns read as trace records by the six-channel observer "
-              "(docs/definitions.md); each cell is the fraction of turns whose channel holds z.", ""]
-    for suite in suites:
-        channels = scores[suite].get("channels") or {}
+            rows.append((operator, *cells))
+    columns = ("Operator", *(f"{s}: {c}" for s in suites for c in ("Leak@probes", "Leak@k", "p (any)", "p (probes)")))
+    return Table("Table 2: probes", columns, tuple(rows),
+                 "Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite); "
+                 "Leak@k: some of k replies sampled per kept probe does (- when `replay.leak_at_k` is 0). "
+                 "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators.")
+
+
+def _channel_tables(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
+    found = []
+    for suite, entry in scores.items():
+        channels = entry.get("channels") or {}
         if not channels:
             continue
         names = [c for c in next(iter(channels.values())) if c != "turns"]
-        lines += [f"**{suite}**", "", "| operator | turns | " + " | ".join(names) + " |",
-                  "|---|---:|" + "---:|" * len(names)]
-        for operator, row in channels.items():
-            lines.append(f"| {operator} | {row['turns']} | " + " | ".join(
-                "-" if row[c] is None else fmt_rate(row[c]) for c in names) + " |")
-        lines.append("")
-    if sweeps:
-        lines += ["## Sweeps", ""]
-    for suite, summary in (sweeps or {}).items():
+        rows = tuple((operator, str(row["turns"]), *("-" if row[c] is None else fmt_rate(row[c]) for c in names))
+                     for operator, row in channels.items())
+        found.append(Table(f"Channels: {suite}", ("Operator", "turns", *names), rows,
+                           "Beyond the paper: the post-revocation turns read as trace records by the six-channel "
+                           "observer (docs/definitions.md); each cell is the fraction of turns whose channel holds z."))
+    return found
+
+
+def _sweep_tables(sweeps: Mapping[str, Mapping[str, Any]]) -> list[Table]:
+    found = []
+    for suite, summary in sweeps.items():
         if "tau" in summary:
             b7, b5 = summary["tau"]["b7_fit"], summary["tau"]["b5_fit"]
-            lines += [f"**τ sweep, {suite}** (mean recomputed tokens; B7 slope {_p(b7['slope'])} per turn of τ, "
-                      f"R² {_p(b7['r2'])}; B5 slope {_p(b5['slope'])})", "", "| τ | B7 | B5 |", "|---:|---:|---:|"]
-            lines += [f"| {p['tau']} | {p['b7_tokens']:.0f} | {p['b5_tokens']:.0f} |" for p in summary["tau"]["points"]]
-            lines.append("")
+            found.append(Table(
+                f"τ sweep: {suite}", ("τ", "B7", "B5"),
+                tuple((str(p["tau"]), f"{p['b7_tokens']:.0f}", f"{p['b5_tokens']:.0f}") for p in summary["tau"]["points"]),
+                f"Mean recomputed tokens; B7 slope {_p(b7['slope'])} per turn of τ, R² {_p(b7['r2'])}; "
+                f"B5 slope {_p(b5['slope'])}."))
         if "indep" in summary:
             ops = list(summary["indep"][0]["any"])
-            lines += [f"**indep sweep, {suite}** (any-leak rate)", "", "| indep | " + " | ".join(ops) + " |",
-                      "|---:|" + "---:|" * len(ops)]
-            lines += [f"| {row['indep']:g} | " + " | ".join(fmt_rate(row["any"][o]) for o in ops) + " |"
-                      for row in summary["indep"]]
-            lines.append("")
-    lines += ["## Exactness and savings", "",
-              "| suite | sessions | valid | B7 = B5 | B7 at T - tau + 1 | B1 = B0 | savings | bound | kept probes | "
-              "z never entered |",
-              "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
-    for suite in suites:
-        s = scores[suite]
-        savings = "-" if s["savings"] is None else f"{s['savings']:.2f}x"
-        bound = "-" if s["bound"] is None else f"{s['bound']:.2f}x"
-        lines.append(
-            f"| {suite} | {s['sessions']} | {'yes' if s['valid'] else 'no'} | {_count(s['b7_equals_b5'], 'equal')} | "
-            f"{_count(s['b7_transitions_at_bound'], 'at_bound')} | {_count(s.get('b1_equals_b0'), 'equal')} | "
-            f"{savings} | {bound} | {', '.join(s['kept_probes']) or '-'} | "
-            f"{', '.join(s.get('not_entered') or []) or '-'} |")
-    return "\n".join(lines) + "\n"
+            found.append(Table(f"indep sweep: {suite}", ("indep", *ops),
+                               tuple((f"{row['indep']:g}", *(fmt_rate(row["any"][o]) for o in ops))
+                                     for row in summary["indep"]), "Any-leak rate per operator."))
+    return found
+
+
+def _exactness(scores: Mapping[str, Mapping[str, Any]]) -> Table:
+    rows = []
+    for suite, s in scores.items():
+        rows.append((
+            suite, str(s["sessions"]), "yes" if s["valid"] else "no", _count(s["b7_equals_b5"], "equal"),
+            _count(s["b7_transitions_at_bound"], "at_bound"), _count(s.get("b1_equals_b0"), "equal"),
+            "-" if s["savings"] is None else f"{s['savings']:.2f}x", "-" if s["bound"] is None else f"{s['bound']:.2f}x",
+            ", ".join(s["kept_probes"]) or "-", ", ".join(s.get("not_entered") or []) or "-"))
+    return Table("Exactness and savings",
+                 ("Suite", "sessions", "valid", "B7 = B5", "B7 at T - tau + 1", "B1 = B0", "savings", "bound",
+                  "kept probes", "z never entered"), tuple(rows),
+                 "B7 = B5: the final state equal byte for byte; savings: B5's recomputed tokens over B7's; bound: "
+                 "T over T - tau + 1.")
+
+
+def tables(scores: Mapping[str, Mapping[str, Any]], sweeps: Mapping[str, Mapping[str, Any]] | None = None) -> list[Table]:
+    """The lane's tables for `scores` ({suite: `score_suite` output plus `not_entered`}) and the
+    sweeps that ran ({suite: `sweep_summary`}): the results page's and the report's."""
+    return [_table1(scores), _table2(scores), *_channel_tables(scores), *_sweep_tables(sweeps or {}),
+            _exactness(scores)]
+
+
+def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str,
+                   sweeps: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The page for `scores` ({suite: `score_suite` output plus `not_entered`})."""
+    head = ("# Execution-state lane: results\n\n"
+            f"Written by the `replay` stage (docs/replay.md) for model `{model}`, replay params digest "
+            f"`{params_digest}`. Every operator is read against the full reset B5 (SPEC §14). "
+            "Do not edit: rerun `dvc repro replay`.\n")
+    return "\n".join([head, *(markdown_table(t) for t in tables(scores, sweeps))])

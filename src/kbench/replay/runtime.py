@@ -97,6 +97,8 @@ class SessionState:
     turns_run: int = 0
     #: Cached states whose byte-identical prompt prefixes a model call may start from (B5′).
     prefix_pool: list[CacheHandle] = field(default_factory=list)
+    #: Whether this state's checkpoints are kept (the main run's, while it runs; never a branch's).
+    recording: bool = False
 
     def inventory(self) -> tuple[str, ...]:
         """The artifact ids the prompt holds, in prompt order."""
@@ -239,7 +241,7 @@ class SessionRuntime:
 
     def checkpoint(self, state: SessionState, turn: int, reason: CheckpointReason) -> None:
         """Record a restorable point of the main run (offsets and handles only)."""
-        if state is not self._recording:
+        if not state.recording:
             return
         handle: CacheHandle | None = None if state.kv is None else state.kv.checkpoint()
         point = Checkpoint(turn, reason, 0 if state.kv is None else state.kv.length, handle,
@@ -247,8 +249,6 @@ class SessionRuntime:
         state.graph.checkpoint(point)
         self.snapshots.append(Snapshot(point, tuple(state.rendered), tuple(state.stored), state.summary,
                                        tuple(state.transcript), state.turns_run))
-
-    _recording: SessionState | None = None
 
     def restore(self, snapshot: Snapshot, env: SessionEnvironment, graph: ProvenanceGraph) -> SessionState:
         """A state as it was at a checkpoint, on `env` (the cache cropped back: no recompute)."""
@@ -321,7 +321,7 @@ class SessionRuntime:
                           call_prefix: str, record: bool = False) -> list[TurnOutcome]:
         """Turns `first`..T of the plan on `state`, one at a time (a batch of one: the same
         arithmetic on every branch), with the compressions that fall in them."""
-        self._recording = state if record else None
+        state.recording = record
         outcomes = []
         for turn in self.plan.turns[first - 1:]:
             if record:
@@ -339,7 +339,7 @@ class SessionRuntime:
             k = self.compression_period
             if k and turn.number % k == 0 and turn.number < self.plan.T:
                 self.compress(state, turn.number)
-        self._recording = None
+        state.recording = False
         return outcomes
 
     def restore_point(self, tau: int) -> Snapshot:

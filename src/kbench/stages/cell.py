@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -240,19 +239,15 @@ def run_cell_stage(
         index_dir=index_dir, adapter_path=str(adapter_path) if adapter_path else None,
         merge_adapter=spec.recipe == MERGED, fitted=fitted, unlearned=unlearned,
     )
-    started = time.perf_counter()
-    records = run_cell(agent, items, out_dir / TRACES_FILE, progress=progress)
+    # The ladder's questions queue behind the canonical ones and share their batches (a record
+    # does not depend on its batch); the adaptive form asks again what the canonical one refused.
     forms, form_n = params.queries.forms, params.queries.form_n
-    if forms:  # the ladder, after the canonical questions (whose batches it leaves as they were)
-        canonical = time.perf_counter() - started
-        forget = [q for q, split in items if split == FORGET]
-        asked = [(q, FORGET) for q in ladder(forget, corpus.entities, forms, form_n)]
-        records = run_cell(agent, items + asked, out_dir / TRACES_FILE, progress=progress)
-        again = [(q, FORGET) for q in refused_again(forget, records, corpus.entities, forms, form_n)]
-        if again:
-            records = run_cell(agent, items + asked + again, out_dir / TRACES_FILE, progress=progress)
-        log.info("cell %s: canonical questions %.1f s, query-form ladder (%d questions) %.1f s", spec.cell_id,
-                 canonical, len(asked) + len(again), time.perf_counter() - started - canonical)
+    forget = [q for q, split in items if split == FORGET]
+    asked = [(q, FORGET) for q in ladder(forget, corpus.entities, forms, form_n)]
+    records = run_cell(agent, items + asked, out_dir / TRACES_FILE, progress=progress)
+    again = [(q, FORGET) for q in refused_again(forget, records, corpus.entities, forms, form_n)]
+    if again:
+        records = run_cell(agent, items + asked + again, out_dir / TRACES_FILE, progress=progress)
     metrics = score_cell(records, params, spec.seed)
     io.write_json(out_dir / METRICS_FILE, metrics)
 

@@ -12,7 +12,7 @@ from typing import Any
 from kbench import io, tracking
 from kbench.comparison.analysis import Comparison, compare
 from kbench.comparison.collect import collect_cells
-from kbench.comparison.plots import write_plots
+from kbench.comparison.plots import lane_plot_specs, write_plots
 from kbench.comparison.report import (
     Provenance,
     ResultsHeader,
@@ -25,7 +25,10 @@ from kbench.comparison.report import (
 from kbench.config import Params
 from kbench.corpus import corpus_names
 from kbench.design import Design
-from kbench.names import PROBES_SUMMARY_FILE
+from kbench.memory.report import tables as memory_tables
+from kbench.names import LANE_SCORES_FILE, PROBES_SUMMARY_FILE
+from kbench.replay.report import sweep_summary
+from kbench.replay.report import tables as replay_tables
 from kbench.stages import option
 
 log = logging.getLogger(__name__)
@@ -60,13 +63,53 @@ def _warn_missing(comparison: Comparison) -> None:
         )
 
 
+@dataclass(frozen=True)
+class LaneScores:
+    """What the other two lanes' stages left for the report (each empty where its lane has not run)."""
+
+    #: {suite label: the replay stage's scores}, sweep variants included.
+    replay: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: {suite: `sweep_summary`} of the suites whose sweeps ran.
+    sweeps: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: {system: the memory stage's scores}.
+    memory: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _scores(path: Path, stage: str) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CompareError(f"{path} is unreadable ({exc}); rerun `dvc repro {stage}`") from None
+
+
+def lane_scores(params: Params) -> LaneScores:
+    """The scores of `replay.suites` (with their sweeps) and of `memory.systems` found in the lanes' folders."""
+    replay_dir, memory_dir = Path(params.replay.out_dir), Path(params.memory.out_dir)
+    replay = {label: found for label in params.replay.labels()
+              if (found := _scores(replay_dir / label / LANE_SCORES_FILE, "replay")) is not None}
+    sweeps = {suite: found for suite in params.replay.suites if (found := sweep_summary(suite, replay))}
+    memory = {system: found for system in params.memory.systems
+              if (found := _scores(memory_dir / system / LANE_SCORES_FILE, "memory")) is not None}
+    if not replay or not memory:
+        log.info("the report shows %s", " and ".join(
+            f"no {name} lane (run `dvc repro {stage}`)" for name, stage, got in
+            (("execution-state", "replay", replay), ("memory", "memory_report", memory)) if not got))
+    return LaneScores(replay, sweeps, memory)
+
+
 def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance,
-                  probes: dict[str, Any] | None = None) -> None:
+                  probes: dict[str, Any] | None = None, lanes: LaneScores | None = None) -> None:
     """index.html, leaderboard.md, metrics.json, comparison.json and plots/ under out_dir;
-    `probes`: the probes stage's summary, set beside the observer's rows."""
+    `probes`: the probes stage's summary, set beside the observer's rows; `lanes`: the other
+    lanes' scores, each lane a section of index.html."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    images = write_plots(comparison, out_dir / PLOTS_DIR)
-    io.write_text(out_dir / HTML_FILE, render_html(comparison, images, provenance, probes))
+    lanes = lanes or LaneScores()
+    images = write_plots(comparison, out_dir / PLOTS_DIR, lane_plot_specs(lanes.memory, lanes.sweeps))
+    tables = {"replay": replay_tables(lanes.replay, lanes.sweeps) if lanes.replay else [],
+              "memory": memory_tables(lanes.memory) if lanes.memory else []}
+    io.write_text(out_dir / HTML_FILE, render_html(comparison, images, provenance, probes, tables))
     io.write_text(out_dir / MARKDOWN_FILE, render_markdown(comparison, provenance, probes))
     io.write_json(out_dir / METRICS_FILE, metrics_json(comparison), allow_nan=False)
     io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison, provenance, probes), allow_nan=False)
@@ -137,7 +180,7 @@ def run_compare_stage(params: Params, out_dir: Path = REPORTS_DIR) -> CompareRes
         not_in_design=selection.others,
     )
     probes = probe_summary(params)
-    write_reports(comparison, out_dir, provenance, probes)
+    write_reports(comparison, out_dir, provenance, probes, lane_scores(params))
     header = ResultsHeader(digest=design.digest, n_per_split=design.n_per_split, seeds=design.seeds,
                            model=params.base_model, corpus=selection.corpus)
     write_results(comparison, Path(params.report.results), header, probes)

@@ -83,8 +83,10 @@ STAGE_INPUTS: dict[str, StageInputs] = {
                                        "memory.systems", "memory.per_tier", "memory.seed", "memory.resamples",
                                        "memory.bootstrap_seed", "memory.level", "agent_base")),
     "memory_report": StageInputs(("memory",)),
+    # the report: the design's cell runs, and the other lanes' scores where they ran
     "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
-                            "report")),
+                            "report", "replay.out_dir", "replay.suites", "replay.sweep_suites", "replay.tau_sweep",
+                            "replay.indep_sweep", "memory.out_dir", "memory.systems")),
 }
 
 

@@ -19,8 +19,6 @@ import functools
 import json
 import logging
 import os
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ from pathlib import Path
 from kbench import io, tracking
 from kbench.backends import Backend, backend_is_remote, build_backend
 from kbench.backends.llama_cpp import ALIAS as LLAMA_CPP_ALIAS
-from kbench.backends.llama_cpp import LlamaCppBackend, serve
+from kbench.backends.llama_cpp import LlamaCppBackend, serve, stop_servers
 from kbench.config import ModelConfig, Params
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
@@ -36,8 +34,9 @@ from kbench.memory.residue import residue_rates
 from kbench.memory.scoring import score_records
 from kbench.memory.systems import InstanceRun, LlmEndpoint, memory_system_class, memory_system_names, run_instance
 from kbench.memory.traces import log_instances
+from kbench.names import LANE_SCORES_FILE
 from kbench.parametric.agent_base import agent_model_config
-from kbench.serving import check_endpoint, llama_server, to_gguf
+from kbench.serving import check_endpoint
 from kbench.stages import option, track_option
 from kbench.stages.inputs import shaping
 from kbench.workers import run_items
@@ -50,7 +49,7 @@ class MemoryStageError(ValueError):
 
 COMMAND = "memory-run"
 HELP = "run memory systems of the memory lane on its instances: items, scores (memory.*)"
-ITEMS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "items.jsonl", "scores.json", "instances.json", "inputs.json"
+ITEMS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "items.jsonl", LANE_SCORES_FILE, "instances.json", "inputs.json"
 KIND_MEMORY = "memory"
 
 
@@ -83,16 +82,12 @@ def endpoint_for(params: Params) -> Iterator[LlmEndpoint]:
     if model.backend == LlamaCppBackend.name:  # this process's server over model.path
         yield LlmEndpoint(serve(model.path, os.cpu_count() or 1), LLAMA_CPP_ALIAS, config.llm_max_tokens)
         return
-    with tempfile.TemporaryDirectory(prefix="kbench-gguf-") as scratch:
-        model_dir = agent_model_config(params).path
-        started = time.perf_counter()
-        gguf = to_gguf(model_dir, Path(scratch) / "agent-base.gguf")
-        log.info("converted %s to GGUF in %.0f s", model_dir, time.perf_counter() - started)
-        alias = config.llm_model or "agent-base"
-        trained = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
-        with llama_server(gguf, alias=alias, threads=os.cpu_count() or 1, n_ctx=config.llm_context,
-                          trained_ctx=trained) as base_url:
-            yield LlmEndpoint(base_url, alias, config.llm_max_tokens)
+    alias = config.llm_model or "agent-base"  # the agent base, served for the stage's duration
+    try:
+        base_url = serve(model.path, os.cpu_count() or 1, n_ctx=config.llm_context, alias=alias)
+        yield LlmEndpoint(base_url, alias, config.llm_max_tokens)
+    finally:
+        stop_servers()
 
 
 @dataclass(frozen=True)

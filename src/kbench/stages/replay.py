@@ -21,7 +21,7 @@ from kbench.backends import Backend, build_backend
 from kbench.backends.hf import engine_reason
 from kbench.config import AgentConfig, Params
 from kbench.corpus import Corpus, load_corpus
-from kbench.names import HF_BACKEND
+from kbench.names import HF_BACKEND, LANE_SCORES_FILE
 from kbench.parametric.agent_base import agent_model_config
 from kbench.records import TraceRecord, iter_traces
 from kbench.replay.channels import channel_rates
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 COMMAND = "replay-run"
 HELP = "run the execution-state lane: sessions, forget operators B0-B9, records and scores (replay.*)"
-SESSIONS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "sessions.jsonl", "scores.json", "sessions.json", "inputs.json"
+SESSIONS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "sessions.jsonl", LANE_SCORES_FILE, "sessions.json", "inputs.json"
 TRACES_FILE = "turns.jsonl"
 SWEEP_FILE = "sweeps.json"  # not traces.jsonl: the sessions are logged as traces, not each turn
 KIND_REPLAY = "replay"
@@ -72,15 +72,7 @@ def _inputs(params: Params, corpus_dir: Path) -> dict:
 
 def variants(params: Params, suite: str) -> list[tuple[str, Params]]:
     """The suite as configured, then one variant per sweep value (`<suite>@tau=2`, `<suite>@indep=0.25`)."""
-    config = params.replay
-    found = [(suite, params)]
-    if suite not in config.sweep_suites:
-        return found
-    for key, values in (("tau", config.tau_sweep), ("indep", config.indep_sweep)):
-        for value in values:
-            changed = config.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": [], "sweep_suites": []})
-            found.append((f"{suite}@{key}={value}", params.model_copy(update={"replay": changed})))
-    return found
+    return [(label, params.model_copy(update={"replay": config})) for label, config in params.replay.variants(suite)]
 
 
 def relabel(plan: SessionPlan, label: str) -> SessionPlan:
