@@ -89,7 +89,7 @@ def test_the_preset_runs_a_cell_against_a_served_model(server, kbench_root, caps
     cells (agent-base, fit and unlearn have nothing to do on an endpoint), one cell."""
     params = _write(kbench_root, _preset(**{
         "model.base_url": server.base_url, "model.path": server.path, "model.api_key_env": KEY_ENV,
-        "queries.n_per_split": 1, "agent.max_iters": 1, "agent.max_new_tokens": 16,
+        "queries.n_per_split": 1, "queries.forms": [], "agent.max_iters": 1, "agent.max_new_tokens": 16,
         "agent.summary_max_new_tokens": 16,
     }))
     assert main(["--params", params, "params"]) == 0  # the server answers at model.base_url

@@ -93,7 +93,7 @@ def test_a_user_method_runs_in_a_cell(plugin, kbench_root, tiny_model_dir, small
         "model": {"path": str(tiny_model_dir)},
         "agent_base": {"enabled": False},
         "agent": {"max_iters": 2, "max_new_tokens": 8, "summary_max_new_tokens": 8, "batch_size": 4},
-        "queries": {"n_per_split": 2},
+        "queries": {"n_per_split": 2, "forms": []},
         "substrates": ["R-struct"],
         "methods": ["none", NAME],
         "method_params": {NAME: {"reply": "Nothing to say."}},

@@ -29,7 +29,7 @@ def v1_params(default_model) -> Params:
     short trajectories: the model runs every trajectory to the cap, which bounds the time."""
     return parse_params({
         "corpus": {"source": str(KBENCH_V1)},
-        "queries": {"n_per_split": N_PER_SPLIT},
+        "queries": {"n_per_split": N_PER_SPLIT, "forms": []},
         "substrates": [CONTEXT, STRUCT_RETRIEVAL],
         "methods": [BASELINE_METHOD],
         "model": {"path": str(default_model), "device": "cpu"},

@@ -47,7 +47,7 @@ def test_a_cell_run_writes_neither_the_key_nor_url_credentials(kbench_root, smal
     params = parse_params({
         "model": {"backend": "openai", "path": "stub-model", "base_url": endpoint, "api_key_env": "KBENCH_TEST_KEY"},
         "agent_base": {"enabled": False},
-        "queries": {"n_per_split": 2},
+        "queries": {"n_per_split": 2, "forms": []},
     })
     write_corpus(small_corpus, kbench_root / "corpus")
     out = run_cell_stage(params, CellSpec("R-struct", "none", 0), corpus_dir=kbench_root / "corpus",

@@ -121,7 +121,7 @@ def test_a_cell_runs_through_a_llama_cpp_server_the_backend_starts(default_model
     finished records kept, and the rerun resumes; the server is stopped afterwards."""
     params = _write(kbench_root, _preset(**{
         "model.backend": LlamaCppBackend.name, "model.path": str(default_model), "model.base_url": None,
-        "queries.n_per_split": 1, "agent.max_iters": 2, "agent.max_new_tokens": 24,
+        "queries.n_per_split": 1, "queries.forms": [], "agent.max_iters": 2, "agent.max_new_tokens": 24,
         "agent.summary_max_new_tokens": 16,
     }))
     cell_args = ["--params", params, "cell", "--substrate", "R-struct", "--seed", "0", "--method", "none",

@@ -24,7 +24,7 @@ from test_endpoint_preset import _preset, _write
 def test_a_cell_and_the_comparison_log_to_a_tracking_server(tiny_model_dir, kbench_root, capsys, monkeypatch):  # noqa: F811
     params = _write(kbench_root, _preset(**{
         "model.backend": "hf", "model.path": str(tiny_model_dir), "model.base_url": None,
-        "methods": ["none"], "substrates": ["C"], "queries.n_per_split": 1, "agent.max_iters": 1,
+        "methods": ["none"], "substrates": ["C"], "queries.n_per_split": 1, "queries.forms": [], "agent.max_iters": 1,
         "agent.max_new_tokens": 8, "agent.summary_max_new_tokens": 8, "tracking.experiment": "served",
     }))
     with tracking.tracking_server(kbench_root, free_port()) as uri:
