@@ -17,6 +17,7 @@ from kbench.backends.base import Request
 from kbench.backends.engine import EngineStats, KVState, common_prefix
 from kbench.backends.hf import encode_prompt, load_tokenizer
 from kbench.config import AgentConfig
+from kbench.names import EVERY_TURN, SESSION_START
 from kbench.replay import SessionEnvironment, plan_suite
 from kbench.replay.operators import OperatorError, build_operator, operator_names
 from kbench.replay.records import OPERATORS
@@ -110,11 +111,11 @@ def scripted(tiny_model_dir) -> SessionScriptBackend:  # noqa: F811
     return SessionScriptBackend(load_tokenizer(tiny_model_dir))
 
 
-def _run(backend, corpus, kind: str, *, index: int = 0, operators=OPERATORS):  # noqa: ANN001
+def _run(backend, corpus, kind: str, *, index: int = 0, operators=OPERATORS, checkpoints=EVERY_TURN):  # noqa: ANN001
     (plan,) = plan_suite(corpus, sessions=1, kind=kind, T=6, tau=3, indep=0.5, n_post=4, seed=index)
     env = SessionEnvironment(corpus, source=(plan.target_entity, plan.target_field))
     return plan, run_session(backend, env, plan, AgentConfig(max_iters=4), operators=operators,
-                             compression_period=4)
+                             compression_period=4, checkpoints=checkpoints)
 
 
 @pytest.mark.parametrize("kind", ["tool", "memory"])
@@ -141,6 +142,25 @@ def test_the_papers_claims_hold_on_the_scripted_agent(scripted, small_corpus, ki
     assert by["B9"].recomputed_tokens == by["B7"].recomputed_tokens
     assert result.checkpoint_bytes == 0 and result.checkpoints >= plan.T
     assert result.closures["oracle"] and not result.closures["inferred_only"]
+
+
+@pytest.mark.parametrize("kind", ["tool", "memory"])
+def test_with_a_checkpoint_at_the_start_only_b7_replays_every_turn_and_still_equals_b5(scripted, small_corpus, kind):  # noqa: F811
+    """The granularity ablation: B7 then has only the session's start to restore, so it replays
+    all T turns, as much work as the full reset, with the same final state and no leak; the
+    every-turn run takes more checkpoints and records more metadata for its shorter replay."""
+    operators = ("B0", "B5", "B7")
+    plan, sparse = _run(scripted, small_corpus, kind, operators=operators, checkpoints=SESSION_START)
+    _, dense = _run(scripted, small_corpus, kind, operators=operators)
+    by = {r.operator: r for r in sparse.records}
+    assert by["B7"].transitions == plan.T and by["B7"].final_state_sha256 == by["B5"].final_state_sha256
+    assert by["B7"].recomputed_tokens == by["B5"].recomputed_tokens
+    assert score_records(sparse.records)[plan.suite]["operators"]["B7"]["any"] == 0.0
+    replayed = {r.operator: r for r in dense.records}["B7"]
+    assert replayed.transitions == plan.T - plan.tau + 1 < plan.T
+    assert replayed.recomputed_tokens < by["B7"].recomputed_tokens
+    assert replayed.final_state_sha256 == by["B7"].final_state_sha256  # the same state, whichever checkpoint
+    assert sparse.checkpoints < dense.checkpoints and 0 < sparse.checkpoint_metadata_bytes < dense.checkpoint_metadata_bytes
 
 
 def test_b4_and_b6_remove_z_from_the_prompt_and_b3_keeps_what_was_derived(scripted, small_corpus):  # noqa: F811
@@ -327,6 +347,38 @@ def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     assert sweep_summary("other", scores) is None
     page = render_results(scores, model="m", params_digest="d", sweeps={"s": summary})
     assert "### τ sweep: s" in page and "| 4 | 300 | 600 |" in page
+
+
+def test_the_granularity_sweep_sets_b7_at_each_granularity_beside_what_its_checkpoints_cost():
+    from kbench.replay.report import render_results, sweep_summary
+    from kbench.replay.scoring import checkpoint_costs
+
+    def scores(granularity, b7, checkpoints, metadata):
+        found = _suite_scores(b7, 600)
+        sessions = [{"checkpoints": checkpoints, "checkpoint_bytes": 0, "checkpoint_metadata_bytes": metadata}] * 2
+        return {**found, "checkpoints": checkpoint_costs(granularity, sessions, [])}
+
+    found = {"s": scores(EVERY_TURN, 300, 9, 900), "s@checkpoints=session_start": scores(SESSION_START, 600, 3, 120)}
+    summary = sweep_summary("s", found)
+    assert [(r["granularity"], r["b7_tokens"], r["checkpoints"], r["metadata_bytes"]) for r in summary["checkpoints"]] == [
+        (EVERY_TURN, 300, 9, 900), (SESSION_START, 600, 3, 120)]
+    assert summary["checkpoints"][0]["seconds"] == {"B7": None, "B5": None}  # no records: nothing timed
+    page = render_results(found, model="m", params_digest="d", sweeps={"s": summary})
+    assert "### Checkpoint granularity: s" in page
+    assert "| session_start | 0.000 | 0.000 | - | 600 | 600 | 4/4 | - | - | 3.0 | 0 | 120 |" in page
+
+
+def test_granularity_keys_at_their_defaults_leave_the_design_digest_unchanged():
+    from kbench.config import Params
+
+    default = Params.model_validate({})
+    assert "checkpoints" not in default.replay.model_dump() and "checkpoints_sweep" not in default.replay.model_dump()
+    swept = Params.model_validate({"replay": {"sweep_suites": ["s"], "checkpoints_sweep": [SESSION_START]}})
+    assert [label for label, _ in swept.replay.variants("s")] == ["s", "s@checkpoints=session_start"]
+    assert swept.replay.variants("s")[1][1].checkpoints == SESSION_START
+    assert swept.replay.variants("s")[1][1].model_dump()["checkpoints"] == SESSION_START
+    with pytest.raises(ValueError, match="checkpoints"):
+        Params.model_validate({"replay": {"checkpoints": "every_other_turn"}})
 
 
 def test_the_report_reads_the_suites_and_sweeps_the_params_name(tmp_path, monkeypatch):

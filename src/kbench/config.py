@@ -27,6 +27,7 @@ from pydantic import (
 from kbench.names import (
     BASELINE_METHOD,
     CONTEXT,
+    EVERY_TURN,
     FIELD_AWARE_RULE,
     GOLD_METHOD,
     HF_BACKEND,
@@ -38,6 +39,7 @@ from kbench.names import (
     TEXT_RETRIEVAL,
     TIERS,
     AnswerRule,
+    CheckpointGranularity,
     DecodeEngine,
     PRecipe,
 )
@@ -440,17 +442,32 @@ class ReplayConfig(_Section):
     max_new_tokens: int = Field(64, ge=8)
     #: The compression period k: every k turns the model's summary replaces the older turns (0: never).
     compression_period: int = Field(1, ge=0)
+    #: The turn boundaries that hold a checkpoint: every turn (and before a memory injection), or
+    #: the session's start only (the paper's granularity ablation); B7 replays from the last one before τ.
+    checkpoints: CheckpointGranularity = EVERY_TURN
     #: The plans' seed.
     seed: int = 0
     #: Leak@k: replies sampled per probe and branch (0: not measured), and their temperature;
     #: each sample's generator is seeded from the session, operator, probe and sample number.
     leak_at_k: int = Field(0, ge=0)
     temperature: float = Field(0.7, gt=0)
-    #: The sweeps (SPEC §14's claims): each value of `tau_sweep` and of `indep_sweep` reruns each
-    #: suite of `sweep_suites` with that τ or `indep` as `<suite>@tau=<v>` / `<suite>@indep=<v>`.
+    #: The sweeps (SPEC §14's claims): each value of `tau_sweep`, `indep_sweep` and `checkpoints_sweep`
+    #: reruns each suite of `sweep_suites` with it, as `<suite>@tau=<v>`, `<suite>@indep=<v>`, `<suite>@checkpoints=<v>`.
     sweep_suites: list[str] = []
     tau_sweep: list[int] = []
     indep_sweep: list[float] = []
+    checkpoints_sweep: list[CheckpointGranularity] = []
+
+    @model_serializer(mode="wrap")
+    def _default_granularity(self, handler):
+        """The granularity keys are left out at their defaults (of digests too): a design that
+        does not set them keeps the digest it had before they existed."""
+        data = handler(self)
+        if self.checkpoints == EVERY_TURN:
+            data.pop("checkpoints", None)
+        if not self.checkpoints_sweep:
+            data.pop("checkpoints_sweep", None)
+        return data
 
     @model_validator(mode="after")
     def _tau_within_T(self) -> ReplayConfig:
@@ -467,9 +484,10 @@ class ReplayConfig(_Section):
         found = [(suite, self)]
         if suite not in self.sweep_suites:
             return found
-        for key, values in (("tau", self.tau_sweep), ("indep", self.indep_sweep)):
+        for key, values in (("tau", self.tau_sweep), ("indep", self.indep_sweep), ("checkpoints", self.checkpoints_sweep)):
             for value in values:
-                changed = self.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": [], "sweep_suites": []})
+                changed = self.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": [], "checkpoints_sweep": [],
+                                                  "sweep_suites": []})
                 found.append((f"{suite}@{key}={value}", changed))
         return found
 

@@ -51,6 +51,12 @@ DecodeEngine = Literal["kv", "generate"]
 DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
 KV_ENGINE, GENERATE_ENGINE = DECODE_ENGINES
 
+#: The execution-state lane's checkpoint granularity (`replay.checkpoints`, docs/replay.md): a
+#: checkpoint at every turn boundary, or at the session's start only.
+CheckpointGranularity = Literal["every_turn", "session_start"]
+CHECKPOINT_GRANULARITIES: tuple[str, ...] = get_args(CheckpointGranularity)
+EVERY_TURN, SESSION_START = CHECKPOINT_GRANULARITIES
+
 #: The memory lane's instance length tiers (SPEC §15; `memory.per_tier`, `kbench.memory`).
 Tier = Literal["short", "medium", "long", "xlong"]
 TIERS: tuple[str, ...] = get_args(Tier)

@@ -14,7 +14,7 @@ from scipy.stats import linregress
 from kbench.comparison.report import markdown_table
 from kbench.comparison.tables import Table
 from kbench.observer.format import fmt_rate
-from kbench.replay.records import OPERATORS
+from kbench.replay.records import FULL_RESET, OPERATORS, SELECTIVE_REPLAY
 
 
 def _p(value: float | None) -> str:
@@ -53,7 +53,21 @@ def sweep_summary(suite: str, scores: Mapping[str, Mapping[str, Any]]) -> dict[s
     if indeps:
         summary["indep"] = [{"indep": v, "any": {op: row["any"] for op, row in s["operators"].items()}}
                             for v, s in indeps]
+    granular = [s for label, s in scores.items() if label.startswith(f"{suite}@checkpoints=")]
+    if granular and suite in scores:
+        summary["checkpoints"] = [_granularity_row(s) for s in [scores[suite], *granular]]
     return summary or None
+
+
+def _granularity_row(scores: Mapping[str, Any]) -> dict[str, Any]:
+    """One granularity's B7 (leaks, cost, exactness against B5) and what its checkpoints cost."""
+    costs = scores.get("checkpoints") or {}
+    b7, b5 = scores["operators"].get(SELECTIVE_REPLAY, {}), scores["operators"].get(FULL_RESET, {})
+    return {"granularity": costs.get("granularity"), "b7_any": b7.get("any"), "b7_cad": b7.get("cad"),
+            "b7_transitions": b7.get("transitions"), "b7_tokens": b7.get("recomputed_tokens"),
+            "b5_tokens": b5.get("recomputed_tokens"), "b7_equals_b5": scores.get("b7_equals_b5"),
+            "seconds": costs.get("seconds") or {}, "checkpoints": costs.get("checkpoints"),
+            "retained_bytes": costs.get("retained_bytes"), "metadata_bytes": costs.get("metadata_bytes")}
 
 
 def render_no_suites(model: str) -> str:
@@ -133,7 +147,30 @@ def _sweep_tables(sweeps: Mapping[str, Mapping[str, Any]]) -> list[Table]:
             found.append(Table(f"indep sweep: {suite}", ("indep", *ops),
                                tuple((f"{row['indep']:g}", *(fmt_rate(row["any"][o]) for o in ops))
                                      for row in summary["indep"]), "Any-leak rate per operator."))
+        if "checkpoints" in summary:
+            found.append(Table(
+                f"Checkpoint granularity: {suite}",
+                ("checkpoints at", "B7 any", "B7 CAD", "B7 turns", "B7 tokens", "B5 tokens", "B7 = B5", "B7 s", "B5 s",
+                 "checkpoints", "cache KiB", "metadata bytes"),
+                tuple((str(r["granularity"]), _rate(r["b7_any"]), _num(r["b7_cad"], ".3f"), _num(r["b7_transitions"], ".1f"),
+                       _num(r["b7_tokens"], ".0f"), _num(r["b5_tokens"], ".0f"), _count(r["b7_equals_b5"], "equal"),
+                       _num(r["seconds"].get(SELECTIVE_REPLAY), ".1f"), _num(r["seconds"].get(FULL_RESET), ".1f"),
+                       _num(r["checkpoints"], ".1f"), _num(None if r["retained_bytes"] is None else r["retained_bytes"] / 1024, ".0f"),
+                       _num(r["metadata_bytes"], ".0f"))
+                      for r in summary["checkpoints"]),
+                "Selective replay with a checkpoint at every turn boundary against the session's start only (means "
+                "per session): its leaks, turns replayed, recomputed tokens and seconds beside the full reset's; the "
+                "checkpoints taken, the cache they keep alive beyond the live states, and the bytes of their offsets, "
+                "snapshot ids and prompt inventories."))
     return found
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else fmt_rate(value)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _exactness(scores: Mapping[str, Mapping[str, Any]]) -> Table:

@@ -22,6 +22,7 @@ from kbench.backends import Backend, Message
 from kbench.backends.base import truncate_at_stop
 from kbench.backends.hf import encode_prompt
 from kbench.config import AgentConfig
+from kbench.names import EVERY_TURN, CheckpointGranularity
 from kbench.observer.matcher import match
 from kbench.replay.operators import Branch, OperatorContext, OperatorError, build_operator
 from kbench.replay.provenance import ProvenanceError, compare_closures
@@ -35,6 +36,7 @@ from kbench.replay.runtime import (
     TurnOutcome,
     TurnRun,
     final_state_sha256,
+    metadata_bytes,
     retained_bytes,
 )
 from kbench.replay.sessions import SessionPlan
@@ -53,9 +55,11 @@ class SessionResult:
     records: list[SessionRecord]
     #: The τ the provenance graph found (the plan's when the agent looked z up when asked).
     tau: int
-    #: Checkpoints taken, and the cache bytes they keep alive beyond the live states.
+    #: Checkpoints taken, the cache bytes they keep alive beyond the live states, and the bytes of
+    #: what they record besides the cache handles.
     checkpoints: int
     checkpoint_bytes: int
+    checkpoint_metadata_bytes: int
     #: The oracle taint closure beside the data-flow one (artifact ids).
     closures: dict[str, list[str]]
     #: Each post-revocation turn of each operator as a K-Bench trace record (SPEC §5).
@@ -95,13 +99,14 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
 
 def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConfig, *,
                 operators: Sequence[str], compression_period: int, leak_at_k: int = 0,
-                temperature: float = 0.7, seed: int = 0) -> SessionResult:
+                temperature: float = 0.7, seed: int = 0, checkpoints: CheckpointGranularity = EVERY_TURN
+                ) -> SessionResult:
     """Run `plan` on its contaminated world `env` and every operator; TargetNeverEntered when z
     never reached the state."""
     if backend.session() is None:
         raise OperatorError("the execution-state lane runs on the KV engine: model.backend hf with model.engine kv")
     engine = backend.engine  # type: ignore[attr-defined]
-    runtime = SessionRuntime(backend, plan, config, compression_period=compression_period)
+    runtime = SessionRuntime(backend, plan, config, compression_period=compression_period, checkpoints=checkpoints)
     contaminated = runtime.fresh_state(env)
     runtime.run_session_turns(contaminated, 1, sanitized=False, shadow=False, call_prefix=plan.session_id, record=True)
     try:
@@ -172,6 +177,7 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
     return SessionResult(
         records=records, tau=tau, checkpoints=len(runtime.snapshots),
         checkpoint_bytes=retained_bytes(runtime.snapshots, [b.state.kv for _, b in chosen] + [contaminated.kv]),
+        checkpoint_metadata_bytes=metadata_bytes(runtime.snapshots),
         closures=compare_closures(contaminated.graph, plan.source_id, holds).to_json(),
         traces=traces,
     )

@@ -34,6 +34,7 @@ from kbench.backends.engine import Checkpoint as CacheHandle
 from kbench.backends.engine import KVState, common_prefix
 from kbench.backends.hf import encode_prompt
 from kbench.config import AgentConfig
+from kbench.names import EVERY_TURN, CheckpointGranularity
 from kbench.replay.environment import MEMORY_TOOL, WITHHELD, SessionEnvironment
 from kbench.replay.provenance import Artifact, ArtifactType, Checkpoint, CheckpointReason, ProvenanceGraph
 from kbench.records import Action, Step
@@ -229,9 +230,12 @@ class TurnRun:
 class SessionRuntime:
     """Runs one planned session and its branches on a backend with the KV engine."""
 
-    def __init__(self, backend: Backend, plan: SessionPlan, config: AgentConfig, *, compression_period: int) -> None:
+    def __init__(self, backend: Backend, plan: SessionPlan, config: AgentConfig, *, compression_period: int,
+                 checkpoints: CheckpointGranularity = EVERY_TURN) -> None:
         self.backend, self.plan, self.config = backend, plan, config
         self.compression_period = compression_period
+        #: Whether every turn boundary holds a checkpoint, or the session's start only.
+        self.every_turn = checkpoints == EVERY_TURN
         self.snapshots: list[Snapshot] = []
         self.withheld = (plan.target_entity, plan.target_field)
 
@@ -327,9 +331,10 @@ class SessionRuntime:
             if record:
                 if turn.number == 1:
                     self.checkpoint(state, 1, "session_start")
-                reason: CheckpointReason = ("memory_injection" if turn.injects_target and self.plan.kind == "memory"
-                                            else "turn")
-                self.checkpoint(state, turn.number, reason)
+                if self.every_turn:
+                    reason: CheckpointReason = ("memory_injection" if turn.injects_target and self.plan.kind == "memory"
+                                                else "turn")
+                    self.checkpoint(state, turn.number, reason)
             run = TurnRun(self, state, turn, user=self.user_text(turn, sanitized=sanitized),
                           call_prefix=call_prefix, shadow=shadow, policy=None,
                           source=self.source_of(turn, sanitized=sanitized))
@@ -363,6 +368,14 @@ def final_state_sha256(tokens: Sequence[int], outputs: Sequence[str]) -> str:
     """sha256 of the final prompt's token ids and every post-revocation output (SPEC §14)."""
     payload = json.dumps({"tokens": list(tokens), "outputs": list(outputs)}, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def metadata_bytes(snapshots: Sequence[Snapshot]) -> int:
+    """Bytes of what the checkpoints record besides the cache handles (offsets, reasons,
+    environment snapshot ids, prompt inventories), as compact JSON."""
+    return sum(len(json.dumps([s.checkpoint.turn, s.checkpoint.reason, s.checkpoint.token_offset,
+                               s.checkpoint.environment, s.checkpoint.inventory], separators=(",", ":")))
+               for s in snapshots)
 
 
 def retained_bytes(snapshots: Sequence[Snapshot], live: Sequence[Any]) -> int:

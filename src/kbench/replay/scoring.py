@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,6 +273,25 @@ def _tests(scored: dict[str, dict[str, SessionScores]], sessions: Sequence[str])
             "wilcoxon_recomputed_tokens": {"p": raw[operator]["recomputed_tokens"]},
         }
         for operator in tested
+    }
+
+
+def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]],
+                     records: Sequence[SessionRecord]) -> dict[str, Any]:
+    """What the suite's checkpoints cost, per session on average (None where nothing was
+    measured): how many were taken, the cache bytes they keep alive, the bytes of what they
+    record besides the cache handles (`sessions`: the stage's per-session info of the sessions
+    z entered); and the wall-clock seconds of selective replay and of the full reset."""
+    def mean(values: Iterable[float | None]) -> float | None:
+        found = [v for v in values if v is not None]
+        return float(np.mean(found)) if found else None
+
+    return {
+        "granularity": granularity,
+        "checkpoints": mean(s.get("checkpoints") for s in sessions),
+        "retained_bytes": mean(s.get("checkpoint_bytes") for s in sessions),
+        "metadata_bytes": mean(s.get("checkpoint_metadata_bytes") for s in sessions),
+        "seconds": {op: mean(r.seconds for r in records if r.operator == op) for op in (SELECTIVE_REPLAY, FULL_RESET)},
     }
 
 

@@ -73,7 +73,8 @@ STAGE_INPUTS: dict[str, StageInputs] = {
     # the agent base and the corpus enter a session's digest by their hashes
     "replay": StageInputs(("replay", "model", "agent", "agent_base"),
                           not_shaping=("replay.out_dir", "replay.results", "replay.suites", "replay.sessions",
-                                       "replay.sweep_suites", "replay.tau_sweep", "replay.indep_sweep", "agent_base")),
+                                       "replay.sweep_suites", "replay.tau_sweep", "replay.indep_sweep",
+                                       "replay.checkpoints_sweep", "agent_base")),
     # the memory lane: instances from the corpus; each system's items on the agent base (its hash)
     # and each instance's content (its digest), so which instances exist and the scoring shape none
     "memory_instances": StageInputs(("memory.instances", "memory.source", "memory.per_tier", "memory.seed",
@@ -86,7 +87,7 @@ STAGE_INPUTS: dict[str, StageInputs] = {
     # the report: the design's cell runs, and the other lanes' scores where they ran
     "compare": StageInputs(("scoring", "tracking", *DESIGN_SECTIONS, "substrates", "methods", "seeds", "p_recipes",
                             "report", "replay.out_dir", "replay.suites", "replay.sweep_suites", "replay.tau_sweep",
-                            "replay.indep_sweep", "memory.out_dir", "memory.systems")),
+                            "replay.indep_sweep", "replay.checkpoints_sweep", "memory.out_dir", "memory.systems")),
 }
 
 
@@ -118,5 +119,8 @@ def shaping(params: Params, stage: str, *, method: str | None = None) -> dict[st
             if method is not None and method_class(method).Config.model_fields:
                 values[key] = method_config(method, params).model_dump(mode="json")
             continue
-        values[key] = _cut(_lookup(data, key), key, inputs.not_shaping)
+        try:
+            values[key] = _cut(_lookup(data, key), key, inputs.not_shaping)
+        except KeyError:  # a key the dump leaves out at its default (a design's digest stays as it was)
+            continue
     return values

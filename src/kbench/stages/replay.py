@@ -30,7 +30,7 @@ from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, writ
 from kbench.replay.run import SessionResult, TargetNeverEntered, run_session
 from kbench.replay.report import render_no_suites, render_results, sweep_summary
 from kbench.replay.sessions import SessionPlan
-from kbench.replay.scoring import score_records
+from kbench.replay.scoring import checkpoint_costs, score_records
 from kbench.replay.suites import check_suite, suite_sessions
 from kbench.replay.traces import log_sessions
 from kbench.stages import option, track_option
@@ -124,7 +124,8 @@ def run_job(job: SessionJob) -> SessionResult | str:
     try:
         return run_session(backend, world(), relabel(plan, job.label), session_agent(job.params),
                            operators=config.operators, compression_period=config.compression_period,
-                           leak_at_k=config.leak_at_k, temperature=config.temperature, seed=config.seed)
+                           leak_at_k=config.leak_at_k, temperature=config.temperature, seed=config.seed,
+                           checkpoints=config.checkpoints)
     except TargetNeverEntered as exc:
         return str(exc)
 
@@ -165,7 +166,9 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
             done[job.index] = ([], [])
         else:
             info[plan.session_id] = {"entered": True, "tau": result.tau, "checkpoints": result.checkpoints,
-                                     "checkpoint_bytes": result.checkpoint_bytes, "closures": result.closures}
+                                     "checkpoint_bytes": result.checkpoint_bytes,
+                                     "checkpoint_metadata_bytes": result.checkpoint_metadata_bytes,
+                                     "closures": result.closures}
             done[job.index] = (result.records, result.traces)
         log.info("%s: session %s done in %.0f s (%d/%d)", label, plan.session_id, seconds, len(done), len(plans))
         write()
@@ -185,6 +188,7 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
         scores = {"valid": False, "sessions": 0, "operators": {}, "kept_probes": [], "savings": None, "bound": None,
                   "b7_equals_b5": None, "b7_transitions_at_bound": None, "b1_equals_b0": None, "tests": None}
     scores["not_entered"] = missing
+    scores["checkpoints"] = checkpoint_costs(config.checkpoints, [i for i in info.values() if i["entered"]], records)
     scores["channels"] = channel_rates(traces)
     io.write_json(out / SCORES_FILE, scores)
     metrics = {metric_key(op, name): value for op, row in scores["operators"].items() for name, value in row.items()
