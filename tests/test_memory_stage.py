@@ -53,12 +53,15 @@ def test_the_lane_writes_instances_items_scores_traces_and_a_page(lane, kbench_r
         info = json.loads((out / "instances.json").read_text())
         assert list(info) == [i.instance_id for i in instances] and set(info[instances[0].instance_id]["memories"]) == {
             "control", "forget"}
+        traces = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+        assert [t["answer"] for t in traces] == [i.reply for i in items] and set(scores["channels"]) == {"control", "forget"}
     reference = json.loads((kbench_root / "artifacts/memory/reference/scores.json").read_text())
     full = json.loads((kbench_root / "artifacts/memory/full-context/scores.json").read_text())
     assert reference["PR"] == 1.0 and reference["FE"] > full["FE"]
     assert memory_report.main(params, memory_report.Options()) == 0
     page = (kbench_root / "docs/results-memory.md").read_text()
     assert "| reference | 2 |" in page and "### Forget efficacy by request type" in page and "FE vs PR" in page
+    assert "### Where the fact sits, by channel" in page and "| reference | forget |" in page
     # The report's memory section reads the same scores; the execution-state lane has not run here.
     lanes = lane_scores(params)
     assert list(lanes.memory) == SYSTEMS and lanes.memory["reference"] == reference and lanes.replay == {}
@@ -78,11 +81,15 @@ def test_the_lane_writes_instances_items_scores_traces_and_a_page(lane, kbench_r
     monkeypatch.setattr(stage, "run_instance", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert stage.main(params, stage.Options(system=("fact-store",))) == 0 and calls == []
     out = kbench_root / "artifacts/memory/fact-store"
-    before = (out / "items.jsonl").read_bytes()
+    before = (out / "items.jsonl").read_bytes(), (out / "probes.jsonl").read_bytes()
     info = json.loads((out / "instances.json").read_text())
     (out / "instances.json").write_text(json.dumps({k: v for k, v in info.items() if k != instances[1].instance_id}))
     assert stage.main(params, stage.Options(system=("fact-store",))) == 0 and calls == [1]
-    assert (out / "items.jsonl").read_bytes() == before
+    assert ((out / "items.jsonl").read_bytes(), (out / "probes.jsonl").read_bytes()) == before
+    # Outputs written before the traces were: their instances run again, to the same items and traces.
+    (out / "probes.jsonl").unlink()
+    assert stage.main(params, stage.Options(system=("fact-store",))) == 0 and calls == [1, 1, 1]
+    assert ((out / "items.jsonl").read_bytes(), (out / "probes.jsonl").read_bytes()) == before
 
 
 def test_an_unknown_system_or_a_missing_page_input_is_named(lane, kbench_root):

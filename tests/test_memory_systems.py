@@ -73,6 +73,36 @@ def test_every_system_answers_every_probe_and_is_scored(small_corpus, name):  # 
     assert scores.metrics["RA"].value > 0.5  # the control version's facts are answered
 
 
+def test_each_probe_reply_is_a_trace_record_whose_channels_say_where_the_fact_sits(small_corpus):  # noqa: F811
+    """The six-channel observer reads the replies: the full transcript keeps a forgotten fact in
+    what it shows the model (Z_RAG) and in what it keeps (Z_summary), as on the control version;
+    the counterfactual reference keeps it nowhere; the summary's rewrites after the request are
+    its tool arguments, and they carry fewer forgotten facts than on the control version."""
+    from kbench.memory.channels import channel_rates
+    from kbench.observer import channel_texts
+
+    (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
+    runs = {name: run_instance(lambda: memory_system_class(name)(EchoBackend()), instance)
+            for name in ("full-context", "reference", "summary-memory")}
+    for run in runs.values():
+        assert [t.answer for t in run.traces] == [i.reply for i in run.items]
+        assert len({t.query_id for t in run.traces}) == len(run.items)
+    rates = {name: channel_rates(run.traces) for name, run in runs.items()}
+    full, reference, summary = rates["full-context"], rates["reference"], rates["summary-memory"]
+    assert full["forget"]["n"] == full["control"]["n"] > 0
+    assert full["forget"]["Z_RAG"] == full["control"]["Z_RAG"] > 0.5 and full["forget"]["Z_summary"] > 0.5
+    assert reference["forget"]["Z_RAG"] == reference["forget"]["Z_summary"] == reference["forget"]["Z_answer"] == 0.0
+    assert reference["control"]["Z_RAG"] == full["control"]["Z_RAG"]  # the control dialogue is the same
+    assert summary["forget"]["Z_tool"] < summary["control"]["Z_tool"]
+    assert all(row["Z_CoT"] == 0.0 for r in rates.values() for row in r.values())  # no system writes a thought
+    from kbench.records import FIELDS
+
+    assert {t.field for t in runs["full-context"].traces} - set(FIELDS)  # facts of kinds beyond the corpus's four
+    trace = next(t for t in runs["summary-memory"].traces if t.version == "control" and t.suite == "RA")
+    texts = channel_texts(trace)
+    assert texts["Z_tool"].startswith("REWRITE ") and texts["Z_summary"] == runs["summary-memory"].memories["control"]
+
+
 def test_unknown_systems_are_answered_with_the_registered_ones():
     assert {"full-context", "naive-rag", "summary-memory", "fact-store"} <= set(memory_system_names())
     with pytest.raises(MemorySystemError, match="unknown memory system 'mem1'; registered:"):

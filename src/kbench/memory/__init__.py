@@ -6,6 +6,7 @@ intervals over instances. Scoring is pure: functions of item records, no model, 
 Every name below is importable from `kbench.memory` directly.
 """
 
+from kbench.memory.channels import MemoryTrace, channel_rates, probe_trace, probe_truth
 from kbench.memory.instances import (
     TIER_SIZES,
     Instance,
@@ -51,6 +52,10 @@ from kbench.memory.scoring import (
 )
 
 __all__ = [
+    "MemoryTrace",
+    "channel_rates",
+    "probe_trace",
+    "probe_truth",
     "TIER_SIZES",
     "Instance",
     "InstanceFormatError",

@@ -12,6 +12,7 @@ from kbench.comparison.report import markdown_table
 from kbench.comparison.tables import Table
 from kbench.memory.records import ATTACKS, REQUEST_TYPES, TIERS
 from kbench.memory.scoring import METRICS
+from kbench.observer.channels import CHANNELS
 from kbench.observer.format import fmt_rate
 
 #: The scatter's size in characters (FE across, PR up).
@@ -70,6 +71,17 @@ def tables(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
     found.append(Table(
         "Attack resistance by attack", ("System", *ATTACKS),
         tuple((system, *(_estimate(scores[system]["ar_by_attack"][a]) for a in ATTACKS)) for system in systems)))
+    channeled = [s for s in systems if scores[s].get("channels")]
+    if channeled:
+        found.append(Table(
+            "Where the fact sits, by channel", ("System", "version", "probes", *CHANNELS),
+            tuple((system, version, str(row["n"]), *(_cell(row[c]) for c in CHANNELS))
+                  for system in channeled for version, row in scores[system]["channels"].items()),
+            "Beyond the seed: each probe reply read as a trace record by the six-channel observer "
+            "(docs/memory.md): the fraction of probes about a forgotten fact (forget version: FE and AR; control "
+            "version: their RA and AR twins) whose channel holds its value. Z_tool: the system's memory writes from "
+            "the request's session on; Z_RAG: what its memory put in front of the model for the question; "
+            "Z_summary: what it keeps after the dialogue; it writes no thought."))
     tiers = [t for t in TIERS if any(t in scores[s].get("by_tier", {}) for s in systems)]
     if tiers:
         found.append(Table(

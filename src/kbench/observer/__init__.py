@@ -24,6 +24,7 @@ from kbench.observer.metrics import (
     Interval,
     ScoredQueries,
     cell_metrics,
+    channel_hit_rates,
     score_queries,
     score_records,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "benjamini_hochberg",
     "canon",
     "cell_metrics",
+    "channel_hit_rates",
     "channel_texts",
     "compare_cells",
     "convert_record",

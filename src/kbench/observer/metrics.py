@@ -110,6 +110,17 @@ def score_queries(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE,
     )
 
 
+def channel_hit_rates(records: Iterable[TraceRecord], rule: str = FIELD_AWARE_RULE) -> dict[str, Any]:
+    """`n` records and, per channel, the fraction whose channel holds the ground truth (over the
+    records where the channel is not dropped; None when it is dropped on every one)."""
+    scored = score_queries(records, rule)
+    rates: dict[str, Any] = {"n": scored.n}
+    for j, channel in enumerate(CHANNELS):
+        seen = scored.observed[:, j]
+        rates[channel] = float(np.mean(scored.hits[seen, j])) if seen.any() else None
+    return rates
+
+
 Interval = tuple[float, float]
 
 

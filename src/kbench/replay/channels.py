@@ -8,10 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
-from kbench.observer.channels import CHANNELS
-from kbench.observer.metrics import score_queries
+from kbench.observer.metrics import channel_hit_rates
 from kbench.records import TraceRecord
 from kbench.replay.records import OPERATORS
 
@@ -24,10 +21,6 @@ def channel_rates(traces: Iterable[TraceRecord]) -> dict[str, dict[str, Any]]:
         by_operator[record.method].append(record)
     rates: dict[str, dict[str, Any]] = {}
     for operator in (o for o in OPERATORS if o in by_operator):
-        scored = score_queries(by_operator[operator])
-        row: dict[str, Any] = {"turns": scored.n}
-        for j, channel in enumerate(CHANNELS):
-            seen = scored.observed[:, j]
-            row[channel] = float(np.mean(scored.hits[seen, j])) if seen.any() else None
-        rates[operator] = row
+        found = channel_hit_rates(by_operator[operator])
+        rates[operator] = {"turns": found.pop("n"), **found}
     return rates

@@ -4,8 +4,8 @@
 DVC runs it once per system of `memory.systems` (a matrix). Each instance gets a fresh system
 per version, fed the dialogue and asked every probe on the agent base, the instances side by
 side on a pool of `execution.cell_workers` processes; the item records go to
-`memory.out_dir/<system>/items.jsonl` (instance order), what each instance cost and what the
-system kept to `instances.json`, the scores to `scores.json`, and the system is logged as an
+`memory.out_dir/<system>/items.jsonl` (instance order), each reply as a trace record to
+`probes.jsonl`, what each instance cost and what the system kept to `instances.json`, the scores to `scores.json`, and the system is logged as an
 MLflow run with one trace per instance. A system whose library calls an LLM itself (`mem0`)
 talks to `memory.llm_base_url`, or to a llama.cpp server this stage starts on 127.0.0.1 over the
 agent base and stops after. Instances are written as they finish (atomically); a rerun keeps
@@ -28,6 +28,7 @@ from kbench.backends import Backend, backend_is_remote, build_backend
 from kbench.backends.llama_cpp import ALIAS as LLAMA_CPP_ALIAS
 from kbench.backends.llama_cpp import LlamaCppBackend, serve, stop_servers
 from kbench.config import ModelConfig, Params
+from kbench.memory.channels import MemoryTrace, channel_rates
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
 from kbench.memory.residue import residue_rates
@@ -50,6 +51,9 @@ class MemoryStageError(ValueError):
 COMMAND = "memory-run"
 HELP = "run memory systems of the memory lane on its instances: items, scores (memory.*)"
 ITEMS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "items.jsonl", LANE_SCORES_FILE, "instances.json", "inputs.json"
+#: Every probe reply as a trace record (`kbench.memory.channels`), in items order; not traces.jsonl,
+#: which would log each reply as an MLflow trace (the instances are logged as traces instead).
+TRACES_FILE = "probes.jsonl"
 KIND_MEMORY = "memory"
 
 
@@ -126,13 +130,18 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
     inputs = _inputs(params, system)
     info: dict[str, dict] = {}
     items: dict[str, list[ItemRecord]] = {}
+    traces: dict[str, list[MemoryTrace]] = {}
     wanted = {i.instance_id: io.json_digest(i.model_dump(mode="json")) for i in instances}
     if (out / INPUTS_FILE).exists() and json.loads((out / INPUTS_FILE).read_text()) == inputs and (out / INFO_FILE).exists():
         kept = read_items([out / ITEMS_FILE]) if (out / ITEMS_FILE).exists() else []
+        turns = _read_traces(out / TRACES_FILE) if (out / TRACES_FILE).exists() else []
         for iid, entry in json.loads((out / INFO_FILE).read_text()).items():
             if wanted.get(iid) == entry["digest"]:
                 info[iid] = entry
                 items[iid] = [r for r in kept if r.instance_id == iid]
+                traces[iid] = [t for t in turns if t.entity_id == iid]
+                if len(traces[iid]) != len(items[iid]):  # written before its traces were: run it again
+                    del info[iid], items[iid], traces[iid]
     else:
         io.write_json(out / INPUTS_FILE, inputs)
     todo = [i for i in instances if i.instance_id not in info]
@@ -141,13 +150,14 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
     def write() -> None:  # in instance order, whatever ran before
         order = [i.instance_id for i in instances if i.instance_id in info]
         write_items(out / ITEMS_FILE, [r for iid in order for r in items[iid]])
+        io.write_jsonl(out / TRACES_FILE, [t for iid in order for t in traces[iid]])
         io.write_json(out / INFO_FILE, {iid: info[iid] for iid in order})
 
     def finished(job: InstanceJob, run: InstanceRun, seconds: float) -> None:
         iid = job.instance.instance_id
         info[iid] = {"digest": wanted[iid], "tier": job.instance.tier, "failures": run.failures,
                      "seconds": round(seconds, 1), "memories": run.memories}
-        items[iid] = run.items
+        items[iid], traces[iid] = run.items, run.traces
         write()
         log.info("%s: instance %s done in %.0f s, %d failed memory operations (%d/%d)", system, iid, seconds,
                  run.failures, len(info), len(instances))
@@ -166,6 +176,7 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
                            level=config.level)[system].to_json()
     scores["failures"] = sum(entry["failures"] for entry in info.values())
     scores["residue"] = residue_rates(records, {iid: entry["memories"] for iid, entry in info.items()})
+    scores["channels"] = channel_rates(t for i in instances for t in traces[i.instance_id])
     io.write_json(out / SCORES_FILE, scores)
     metrics = {name: value for name, value in scores.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
     if scores["residue"]["rate"] is not None:
@@ -173,13 +184,17 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
     metrics |= {f"FE.{t}": e["value"] for t, e in scores["fe_by_request_type"].items() if e["value"] is not None}
     metrics |= {f"AR.{a}": e["value"] for a, e in scores["ar_by_attack"].items() if e["value"] is not None}
     tracking.write_manifest(out, KIND_MEMORY, system, {tracking.TAG_BASE_MODEL: params.base_model}, metrics,
-                            [ITEMS_FILE, SCORES_FILE, INFO_FILE])
+                            [ITEMS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE])
     if track:
         logged = tracking.find_run_id(tracking.open_experiment(params), KIND_MEMORY, system, io.folder_hash(out))
         run_id = tracking.log_output(params, out)
         if logged is None:  # a new run: its instances as traces
             log_instances(instances, records, info, run_id)
     return scores
+
+
+def _read_traces(path: Path) -> list[MemoryTrace]:
+    return [MemoryTrace.model_validate(data) for _, data in io.read_json_lines(path, MemoryStageError, "a probe trace")]
 
 
 def check_systems(names: list[str]) -> None:

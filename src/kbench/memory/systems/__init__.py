@@ -3,8 +3,9 @@
 A system is fed the dialogue turn by turn (`write`), told when a session ends, and answers
 questions from what it keeps (`contexts`: the prompt each question is answered from; the
 answers of one version are decoded in one batch). A forget request is a user turn like any
-other: the system handles it with its own primitives. `failures` counts memory operations the
-model did not produce in a readable form (reported, never a crash). `kbench list memory-systems`
+other: the system handles it with its own primitives, and notes each memory operation it
+carries out (`record`: the probe traces' tool arguments). `failures` counts memory operations
+the model did not produce in a readable form (reported, never a crash). `kbench list memory-systems`
 shows the registered ones.
 """
 
@@ -17,6 +18,7 @@ from typing import ClassVar
 
 from kbench.backends import Backend, Conversation, Message
 from kbench.memory.instances import Instance, Session, Turn
+from kbench.memory.channels import MemoryTrace, probe_trace
 from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
 from kbench.registry import Registry, import_submodules
 
@@ -59,6 +61,14 @@ class MemorySystem(ABC):
         self.endpoint = endpoint
         #: Memory operations the model wrote in no readable form.
         self.failures = 0
+        #: The memory operations it carried out, as text, each with the session (0-based) it was made in.
+        self.operations: list[tuple[int, str]] = []
+        #: The session being fed (`feed` sets it).
+        self.session = 0
+
+    def record(self, operation: str) -> None:
+        """Note one memory operation (a write, an update, a deletion) of the current session."""
+        self.operations.append((self.session, operation))
 
     def dialogue(self, instance: Instance, version: str) -> list[Session]:
         """The sessions this system is fed: the instance's `version` (the reference rebuilds it)."""
@@ -86,12 +96,26 @@ class MemorySystem(ABC):
         out = self.backend.generate(conversations, stop=[], max_new_tokens=max_new_tokens or self.max_new_tokens)
         return [g.text.strip() for g in out]
 
-    def answer(self, questions: Sequence[str]) -> list[str]:
-        """The replies to `questions`, decoded `ANSWER_BATCH` at a time."""
-        replies: list[str] = []
+    def respond(self, questions: Sequence[str]) -> list[tuple[str, str]]:
+        """(reply, what memory put in front of the model) per question, decoded `ANSWER_BATCH` at
+        a time: the answering prompt without the common instruction and the question itself."""
+        answered: list[tuple[str, str]] = []
         for start in range(0, len(questions), ANSWER_BATCH):
-            replies += self.generate(self.contexts(questions[start:start + ANSWER_BATCH]))
-        return replies
+            contexts = self.contexts(questions[start:start + ANSWER_BATCH])
+            answered += zip(self.generate(contexts), (_supplied(c) for c in contexts))
+        return answered
+
+    def answer(self, questions: Sequence[str]) -> list[str]:
+        """The replies to `questions`."""
+        return [reply for reply, _ in self.respond(questions)]
+
+
+def _supplied(conversation: Conversation) -> str:
+    """What a system's prompt holds besides `ASSISTANT` and the question (its last message)."""
+    texts = [m["content"] for m in conversation[:-1]]
+    if texts and texts[0].startswith(ASSISTANT):
+        texts[0] = texts[0][len(ASSISTANT):].strip()
+    return "\n".join(t for t in texts if t)
 
 
 def ask(system_prompt: str, question: str) -> Conversation:
@@ -127,7 +151,8 @@ def memory_system_class(name: str) -> type[MemorySystem]:
 
 def feed(system: MemorySystem, instance: Instance, version: str) -> MemorySystem:
     """The instance's dialogue in `version`, turn by turn, session by session."""
-    for session in system.dialogue(instance, version):
+    for number, session in enumerate(system.dialogue(instance, version)):
+        system.session = number
         for turn in session.turns:
             system.write(turn, day=session.date)
         system.end_session(session.date)
@@ -144,27 +169,34 @@ class InstanceRun:
     failures: int
     #: What the system kept after each version's dialogue (`MemorySystem.memory`), by version.
     memories: dict[str, str]
+    #: Each probe reply as a trace record the six-channel observer reads, in `items` order.
+    traces: list[MemoryTrace]
 
 
 def run_instance(make: Callable[[], MemorySystem], instance: Instance) -> InstanceRun:
     """Every probe of the instance answered by a fresh system per version."""
-    items: list[ItemRecord] = []
+    answered: list[tuple[ItemRecord, MemoryTrace]] = []
     failures = 0
     memories = {}
+    since = min((r.session for r in instance.requests), default=0)  # the operations a trace shows
     for version in (CONTROL_VERSION, FORGET_VERSION):
         probes = [p for p in instance.probes if p.version == version]
         system = make()
         try:
             feed(system, instance, version)
             memories[version] = system.memory()
-            replies = system.answer([p.question for p in probes])
+            replies = system.respond([p.question for p in probes])
         finally:
             system.close()
-        items += [p.item(instance, system.name, reply) for p, reply in zip(probes, replies)]
+        operations = [text for session, text in system.operations if session >= since]
+        for probe, (reply, supplied) in zip(probes, replies):
+            item = probe.item(instance, system.name, reply)
+            answered.append((item, probe_trace(item, question=probe.question, supplied=supplied,
+                                               operations=operations, kept=memories[version])))
         failures += system.failures
     order = {p.probe_id + p.suite + p.version + (p.attack or ""): i for i, p in enumerate(instance.probes)}
-    items.sort(key=lambda r: order[r.probe_id + r.suite + r.version + (r.attack or "")])
-    return InstanceRun(items, failures, memories)
+    answered.sort(key=lambda pair: order[pair[0].probe_id + pair[0].suite + pair[0].version + (pair[0].attack or "")])
+    return InstanceRun([item for item, _ in answered], failures, memories, [trace for _, trace in answered])
 
 
 __all__ = ["ASSISTANT", "InstanceRun", "LlmEndpoint", "MemorySystem", "MemorySystemError", "ask", "feed", "memory_system_class",

@@ -59,9 +59,12 @@ class FactStore(MemorySystem):
                 continue
             verb, number, text = found[1].upper(), found[2], found[3].strip()[:MAX_FACT_CHARS]
             if verb == "ADD" and (text or number):
-                self.db.execute("INSERT INTO facts (text) VALUES (?)", (f"{number or ''} {text}".strip(),))
+                fact = f"{number or ''} {text}".strip()
+                self.db.execute("INSERT INTO facts (text) VALUES (?)", (fact,))
+                self.record(f"ADD {fact}")
             elif verb == "UPDATE" and number and text:
                 self.db.execute("UPDATE facts SET text = ? WHERE id = ?", (text, int(number)))
+                self.record(f"UPDATE {number} {text}")
             elif verb == "DELETE" and number:
                 self.db.execute("DELETE FROM facts WHERE id = ?", (int(number),))
             elif verb != "NONE":

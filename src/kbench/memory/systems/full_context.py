@@ -22,6 +22,7 @@ class FullContext(MemorySystem):
 
     def write(self, turn: Turn, *, day: str) -> None:
         self.lines.append(f"[{day}] {_SPEAKER[turn.role]}: {turn.content}")
+        self.record(f"APPEND {self.lines[-1]}")
 
     def contexts(self, questions: Sequence[str]) -> list[Conversation]:
         transcript = "\n".join(self.lines)

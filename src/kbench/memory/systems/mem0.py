@@ -125,12 +125,15 @@ class Mem0(MemorySystem):
         if self.pending:
             token = _SESSION_DAY.set(day)
             try:
-                self.store.add(self.pending, user_id=USER, metadata={"day": day})
+                added = self.store.add(self.pending, user_id=USER, metadata={"day": day})
             except LLMError as exc:  # the endpoint failed (not the model's output): stop, one line
                 raise MemorySystemError(f"mem0's LLM call to {self.endpoint.base_url} failed: {exc}") from None
             finally:
                 _SESSION_DAY.reset(token)
             self.pending = []
+            for event in added.get("results", []) if isinstance(added, dict) else []:
+                if event.get("event") in ("ADD", "UPDATE"):  # its writes (a deletion echoes what it removed)
+                    self.record(f"{event['event']} {event.get('memory', '')}")
 
     def retrieve(self, question: str) -> list[str]:
         found = self.store.search(question, top_k=TOP_K, filters={"user_id": USER})

@@ -25,6 +25,7 @@ class NaiveRag(MemorySystem):
     def write(self, turn: Turn, *, day: str) -> None:
         if turn.role == "user":
             self.texts.append(f"[{day}] {turn.content}")
+            self.record(f"INDEX {self.texts[-1]}")
 
     def retrieve(self, questions: Sequence[str]) -> list[list[str]]:
         import faiss

@@ -31,6 +31,7 @@ class SummaryMemory(MemorySystem):
         request = (f"Summary so far:\n{self.summary or '(empty)'}\n\nToday ({day}) the user said:\n"
                    + "\n".join(f"- {t}" for t in self.today) + "\n\nThe updated summary:")
         (self.summary,) = self.generate([ask(REWRITE, request)], max_new_tokens=128)
+        self.record(f"REWRITE {self.summary}")
         self.today = []
 
     def contexts(self, questions: Sequence[str]) -> list[Conversation]:
