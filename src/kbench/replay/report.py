@@ -66,7 +66,7 @@ def _granularity_row(scores: Mapping[str, Any]) -> dict[str, Any]:
     return {"granularity": costs.get("granularity"), "b7_any": b7.get("any"), "b7_cad": b7.get("cad"),
             "b7_transitions": b7.get("transitions"), "b7_tokens": b7.get("recomputed_tokens"),
             "b5_tokens": b5.get("recomputed_tokens"), "b7_equals_b5": scores.get("b7_equals_b5"),
-            "seconds": costs.get("seconds") or {}, "checkpoints": costs.get("checkpoints"),
+            "checkpoints": costs.get("checkpoints"),
             "retained_bytes": costs.get("retained_bytes"), "metadata_bytes": costs.get("metadata_bytes")}
 
 
@@ -150,16 +150,15 @@ def _sweep_tables(sweeps: Mapping[str, Mapping[str, Any]]) -> list[Table]:
         if "checkpoints" in summary:
             found.append(Table(
                 f"Checkpoint granularity: {suite}",
-                ("checkpoints at", "B7 any", "B7 CAD", "B7 turns", "B7 tokens", "B5 tokens", "B7 = B5", "B7 s", "B5 s",
+                ("checkpoints at", "B7 any", "B7 CAD", "B7 turns", "B7 tokens", "B5 tokens", "B7 = B5",
                  "checkpoints", "cache KiB", "metadata bytes"),
                 tuple((str(r["granularity"]), _rate(r["b7_any"]), _num(r["b7_cad"], ".3f"), _num(r["b7_transitions"], ".1f"),
                        _num(r["b7_tokens"], ".0f"), _num(r["b5_tokens"], ".0f"), _count(r["b7_equals_b5"], "equal"),
-                       _num(r["seconds"].get(SELECTIVE_REPLAY), ".1f"), _num(r["seconds"].get(FULL_RESET), ".1f"),
                        _num(r["checkpoints"], ".1f"), _num(None if r["retained_bytes"] is None else r["retained_bytes"] / 1024, ".0f"),
                        _num(r["metadata_bytes"], ".0f"))
                       for r in summary["checkpoints"]),
                 "Selective replay with a checkpoint at every turn boundary against the session's start only (means "
-                "per session): its leaks, turns replayed, recomputed tokens and seconds beside the full reset's; the "
+                "per session): its leaks, turns replayed and recomputed tokens beside the full reset's tokens; the "
                 "checkpoints taken, the cache they keep alive beyond the live states, and the bytes of their offsets, "
                 "snapshot ids and prompt inventories."))
     return found

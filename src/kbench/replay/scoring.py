@@ -276,12 +276,12 @@ def _tests(scored: dict[str, dict[str, SessionScores]], sessions: Sequence[str])
     }
 
 
-def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]],
-                     records: Sequence[SessionRecord]) -> dict[str, Any]:
+def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the suite's checkpoints cost, per session on average (None where nothing was
-    measured): how many were taken, the cache bytes they keep alive, the bytes of what they
+    measured): how many were taken, the cache bytes they keep alive and the bytes of what they
     record besides the cache handles (`sessions`: the stage's per-session info of the sessions
-    z entered); and the wall-clock seconds of selective replay and of the full reset."""
+    z entered). Wall-clock seconds stay in the records and the log: the same params give the
+    same scores."""
     def mean(values: Iterable[float | None]) -> float | None:
         found = [v for v in values if v is not None]
         return float(np.mean(found)) if found else None
@@ -291,7 +291,6 @@ def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]],
         "checkpoints": mean(s.get("checkpoints") for s in sessions),
         "retained_bytes": mean(s.get("checkpoint_bytes") for s in sessions),
         "metadata_bytes": mean(s.get("checkpoint_metadata_bytes") for s in sessions),
-        "seconds": {op: mean(r.seconds for r in records if r.operator == op) for op in (SELECTIVE_REPLAY, FULL_RESET)},
     }
 
 

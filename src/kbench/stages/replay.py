@@ -188,7 +188,7 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
         scores = {"valid": False, "sessions": 0, "operators": {}, "kept_probes": [], "savings": None, "bound": None,
                   "b7_equals_b5": None, "b7_transitions_at_bound": None, "b1_equals_b0": None, "tests": None}
     scores["not_entered"] = missing
-    scores["checkpoints"] = checkpoint_costs(config.checkpoints, [i for i in info.values() if i["entered"]], records)
+    scores["checkpoints"] = checkpoint_costs(config.checkpoints, [i for i in info.values() if i["entered"]])
     scores["channels"] = channel_rates(traces)
     io.write_json(out / SCORES_FILE, scores)
     metrics = {metric_key(op, name): value for op, row in scores["operators"].items() for name, value in row.items()
