@@ -51,7 +51,8 @@ SETTINGS = {"pinned": {}, "native": {"KBENCH_CPU_ISA": "native"}}
 
 
 def run(model: str, setting: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "KBENCH_CPU_ISA")}
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE",
+                                                         "KBENCH_CPU_ISA")}
     env |= {"OMP_NUM_THREADS": "2", **SETTINGS[setting]}
     out = subprocess.run([sys.executable, "-c", WORKLOAD, model], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

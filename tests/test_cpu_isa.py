@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "am
 
 
 def _capability(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    pinned = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE")
+    environ = {k: v for k, v in os.environ.items() if k not in pinned}
     out = subprocess.run([sys.executable, "-c", code], env={**environ, **env}, capture_output=True, text=True,
                          check=True)
     return out.stdout.strip().splitlines()[-1]
@@ -27,6 +28,9 @@ def _capability(code: str, **env: str) -> str:
 def test_kbench_pins_avx2_in_a_fresh_process():
     assert _capability(_CAPABILITY) == "AVX2"
     assert _capability("import kbench, os; print(os.environ['ONEDNN_MAX_CPU_ISA'])") == "AVX2"
+    openblas = ("import kbench, numpy, threadpoolctl; print(sorted({i['architecture'] for i in "
+                "threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'}))")
+    assert _capability(openblas) == "['Haswell']"
 
 
 def test_an_exported_value_wins_and_native_leaves_the_cpus_own():
