@@ -367,6 +367,20 @@ def test_the_granularity_sweep_sets_b7_at_each_granularity_beside_what_its_check
     assert "| session_start | 0.000 | 0.000 | - | 600 | 600 | 4/4 | 3.0 | 0 | 120 |" in page
 
 
+def test_checkpoint_metadata_is_measured_relative_to_the_session():
+    """A sweep variant's session id is longer; its checkpoints' metadata bytes are not."""
+    from kbench.replay.provenance import Checkpoint
+    from kbench.replay.runtime import Snapshot, metadata_bytes
+
+    def snapshots(session: str) -> list[Snapshot]:
+        point = Checkpoint(2, "turn", 120, None, "env-1", (f"{session}/turn1/user", f"{session}/turn1/step0"))
+        return [Snapshot(point, (), (), None, (), 1)]
+
+    plain = metadata_bytes(snapshots("s-000"), "s-000")
+    assert plain == metadata_bytes(snapshots("s-000@checkpoints=session_start"), "s-000@checkpoints=session_start")
+    assert plain < metadata_bytes(snapshots("s-000@checkpoints=session_start"), "s-000")
+
+
 def test_granularity_keys_at_their_defaults_leave_the_design_digest_unchanged():
     from kbench.config import Params
 

@@ -177,7 +177,7 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
     return SessionResult(
         records=records, tau=tau, checkpoints=len(runtime.snapshots),
         checkpoint_bytes=retained_bytes(runtime.snapshots, [b.state.kv for _, b in chosen] + [contaminated.kv]),
-        checkpoint_metadata_bytes=metadata_bytes(runtime.snapshots),
+        checkpoint_metadata_bytes=metadata_bytes(runtime.snapshots, plan.session_id),
         closures=compare_closures(contaminated.graph, plan.source_id, holds).to_json(),
         traces=traces,
     )

@@ -370,11 +370,15 @@ def final_state_sha256(tokens: Sequence[int], outputs: Sequence[str]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def metadata_bytes(snapshots: Sequence[Snapshot]) -> int:
+def metadata_bytes(snapshots: Sequence[Snapshot], session_id: str) -> int:
     """Bytes of what the checkpoints record besides the cache handles (offsets, reasons,
-    environment snapshot ids, prompt inventories), as compact JSON."""
+    environment snapshot ids, prompt inventories), as compact JSON, with artifact ids relative to
+    the session (so a sweep variant's longer session id does not count)."""
+    def relative(ids: Sequence[str]) -> list[str]:
+        return [i.removeprefix(session_id) for i in ids]
+
     return sum(len(json.dumps([s.checkpoint.turn, s.checkpoint.reason, s.checkpoint.token_offset,
-                               s.checkpoint.environment, s.checkpoint.inventory], separators=(",", ":")))
+                               s.checkpoint.environment, relative(s.checkpoint.inventory)], separators=(",", ":")))
                for s in snapshots)
 
 
