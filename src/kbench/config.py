@@ -451,8 +451,9 @@ class ReplayConfig(_Section):
     #: each sample's generator is seeded from the session, operator, probe and sample number.
     leak_at_k: int = Field(0, ge=0)
     temperature: float = Field(0.7, gt=0)
-    #: The sweeps (SPEC §14's claims): each value of `tau_sweep`, `indep_sweep` and `checkpoints_sweep`
-    #: reruns each suite of `sweep_suites` with it, as `<suite>@tau=<v>`, `<suite>@indep=<v>`, `<suite>@checkpoints=<v>`.
+    #: The sweeps (SPEC §14's claims): each value of `tau_sweep`, `indep_sweep` and
+    #: `checkpoints_sweep` reruns each suite of `sweep_suites` with it, as `<suite>@tau=<v>`,
+    #: `<suite>@indep=<v>`, `<suite>@checkpoints=<v>`.
     sweep_suites: list[str] = []
     tau_sweep: list[int] = []
     indep_sweep: list[float] = []
@@ -484,10 +485,10 @@ class ReplayConfig(_Section):
         found = [(suite, self)]
         if suite not in self.sweep_suites:
             return found
-        for key, values in (("tau", self.tau_sweep), ("indep", self.indep_sweep), ("checkpoints", self.checkpoints_sweep)):
+        sweeps = {"tau": self.tau_sweep, "indep": self.indep_sweep, "checkpoints": self.checkpoints_sweep}
+        for key, values in sweeps.items():
             for value in values:
-                changed = self.model_copy(update={key: value, "tau_sweep": [], "indep_sweep": [], "checkpoints_sweep": [],
-                                                  "sweep_suites": []})
+                changed = self.model_copy(update={key: value, "sweep_suites": [], **{f"{k}_sweep": [] for k in sweeps}})
                 found.append((f"{suite}@{key}={value}", changed))
         return found
 

@@ -18,7 +18,7 @@ from kbench.replay.records import FULL_RESET, OPERATORS, SELECTIVE_REPLAY
 
 
 def _p(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    return _num(value, ".3g")
 
 
 def _count(counts: Mapping[str, int] | None, key: str) -> str:
@@ -152,9 +152,10 @@ def _sweep_tables(sweeps: Mapping[str, Mapping[str, Any]]) -> list[Table]:
                 f"Checkpoint granularity: {suite}",
                 ("checkpoints at", "B7 any", "B7 CAD", "B7 turns", "B7 tokens", "B5 tokens", "B7 = B5",
                  "checkpoints", "cache KiB", "metadata bytes"),
-                tuple((str(r["granularity"]), _rate(r["b7_any"]), _num(r["b7_cad"], ".3f"), _num(r["b7_transitions"], ".1f"),
-                       _num(r["b7_tokens"], ".0f"), _num(r["b5_tokens"], ".0f"), _count(r["b7_equals_b5"], "equal"),
-                       _num(r["checkpoints"], ".1f"), _num(None if r["retained_bytes"] is None else r["retained_bytes"] / 1024, ".0f"),
+                tuple((str(r["granularity"]), _num(r["b7_any"], ".3f"), _num(r["b7_cad"], ".3f"),
+                       _num(r["b7_transitions"], ".1f"), _num(r["b7_tokens"], ".0f"), _num(r["b5_tokens"], ".0f"),
+                       _count(r["b7_equals_b5"], "equal"), _num(r["checkpoints"], ".1f"),
+                       _num(None if r["retained_bytes"] is None else r["retained_bytes"] / 1024, ".0f"),
                        _num(r["metadata_bytes"], ".0f"))
                       for r in summary["checkpoints"]),
                 "Selective replay with a checkpoint at every turn boundary against the session's start only (means "
@@ -162,10 +163,6 @@ def _sweep_tables(sweeps: Mapping[str, Mapping[str, Any]]) -> list[Table]:
                 "checkpoints taken, the cache they keep alive beyond the live states, and the bytes of their offsets, "
                 "snapshot ids and prompt inventories."))
     return found
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else fmt_rate(value)
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kbench.backends import Backend, Conversation, Message
-from kbench.memory.instances import Instance, Session, Turn
+from kbench.memory.instances import Instance, Probe, Session, Turn
 from kbench.memory.channels import MemoryTrace, probe_trace
 from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
 from kbench.registry import Registry, import_submodules
@@ -61,13 +61,13 @@ class MemorySystem(ABC):
         self.endpoint = endpoint
         #: Memory operations the model wrote in no readable form.
         self.failures = 0
-        #: The memory operations it carried out, as text, each with the session (0-based) it was made in.
+        #: The memory writes it carried out, as text, each with the session (0-based) it was made in.
         self.operations: list[tuple[int, str]] = []
         #: The session being fed (`feed` sets it).
         self.session = 0
 
     def record(self, operation: str) -> None:
-        """Note one memory operation (a write, an update, a deletion) of the current session."""
+        """Note one memory write (an add, an update, a rewrite, a stored turn) of the current session."""
         self.operations.append((self.session, operation))
 
     def dialogue(self, instance: Instance, version: str) -> list[Session]:
@@ -194,8 +194,11 @@ def run_instance(make: Callable[[], MemorySystem], instance: Instance) -> Instan
             answered.append((item, probe_trace(item, question=probe.question, supplied=supplied,
                                                operations=operations, kept=memories[version])))
         failures += system.failures
-    order = {p.probe_id + p.suite + p.version + (p.attack or ""): i for i, p in enumerate(instance.probes)}
-    answered.sort(key=lambda pair: order[pair[0].probe_id + pair[0].suite + pair[0].version + (pair[0].attack or "")])
+    def slot(p: Probe | ItemRecord) -> tuple[str, ...]:  # a probe and its item record share it
+        return p.probe_id, p.suite, p.version, p.attack or ""
+
+    order = {slot(p): i for i, p in enumerate(instance.probes)}
+    answered.sort(key=lambda pair: order[slot(pair[0])])
     return InstanceRun([item for item, _ in answered], failures, memories, [trace for _, trace in answered])
 
 
