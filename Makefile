@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: setup system-deps run test clean-venv mlflow-server
+.PHONY: setup system-deps run test clean-venv mlflow-server cpu-full
 
 # data/ holds corpora, a DVC dependency of the corpus stage (empty by default; docs/tracking.md, "Your own corpus").
 setup: $(STAMP) $(MODEL) $(GEMMA)
@@ -51,6 +51,15 @@ run: setup
 	@echo "Pushed to DVC remote: $$(.venv/bin/dvc remote list | head -1)"
 	@echo "Leaderboard:     reports/leaderboard.md; full report: reports/index.html"
 	@echo "Runs and traces: .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  (then open http://127.0.0.1:5000)"
+
+# presets/cpu-full.yaml on both model families, into one MLflow experiment: Gemma 3 270M's design
+# first, then SmolLM2's, whose report reads both (docs/comparison.md, "Across base models"); DVC
+# keeps each model's outputs in its cache. params.yaml ends on cpu-full; an edited one stops it.
+cpu-full: setup
+	.venv/bin/kbench preset cpu-full-gemma
+	.venv/bin/dvc repro
+	.venv/bin/kbench preset cpu-full
+	.venv/bin/dvc repro
 
 # An MLflow tracking server on 127.0.0.1:5000 (its SQL store mlflow-server.db, artifacts in
 # mlartifacts/) until Ctrl-C; stages log there once MLFLOW_TRACKING_URI=http://127.0.0.1:5000.

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ def _fields(value):
 
 
 @pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/cpu-full.yaml", "presets/paper.yaml",
-                                  "presets/cpu-gemma.yaml"])
+                                  "presets/cpu-gemma.yaml", "presets/cpu-full-gemma.yaml"])
 def test_shipped_params_are_valid(name):
     load_design(REPO / name)  # the schema, the registries and every method's section
 
@@ -66,16 +67,26 @@ def test_presets_set_every_key_and_the_same_keys():
     assert _keys(_fields(load_params(REPO / "presets/cpu.yaml"))) == _keys(cpu)
 
 
-def test_the_gemma_preset_is_the_default_design_on_the_second_family():
-    cpu, gemma = (load_design(REPO / f"presets/{name}.yaml") for name in ("cpu", "cpu-gemma"))
-    assert gemma.model.path == "models/gemma3-270m"
-    pages = {"report": {"results": "docs/results-gemma.md", "models": ["models/smollm2-135m-instruct"]},
-             "replay": {"results": "docs/results-replay-gemma.md"},
-             "memory": {"results": "docs/results-memory-gemma.md"}}
+@pytest.mark.parametrize(("smol", "gemma", "suffix"), [("cpu", "cpu-gemma", ""), ("cpu-full", "cpu-full-gemma", "cpu-full-")])
+def test_a_gemma_preset_is_its_design_on_the_second_family(smol, gemma, suffix):
+    """Only the model, the results pages and the other model read beside differ."""
+    cpu, other = (load_design(REPO / f"presets/{name}.yaml") for name in (smol, gemma))
+    assert other.model.path == "models/gemma3-270m"
+    pages = {"report": {"results": f"docs/results-{suffix}gemma.md", "models": ["models/smollm2-135m-instruct"]},
+             "replay": {"results": f"docs/results-replay-{suffix}gemma.md"},
+             "memory": {"results": f"docs/results-memory-{suffix}gemma.md"}}
     for section, values in pages.items():
-        assert getattr(gemma, section).model_dump(include=set(values)) == values
+        assert getattr(other, section).model_dump(include=set(values)) == values
     same = {section: getattr(cpu, section).model_copy(update=values) for section, values in pages.items()}
-    assert gemma == cpu.model_copy(update={**same, "model": cpu.model.model_copy(update={"path": gemma.model.path})})
+    assert other == cpu.model_copy(update={**same, "model": cpu.model.model_copy(update={"path": other.model.path})})
+
+
+def test_make_cpu_full_runs_both_families_gemma_first_so_the_cpu_full_report_reads_both():
+    full = load_design(REPO / "presets/cpu-full.yaml")
+    assert full.report.models == ["models/gemma3-270m"]
+    dry = subprocess.run(["make", "-n", "cpu-full"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    steps = [line.split("/")[-1] for line in dry.splitlines() if "preset" in line or "dvc repro" in line]
+    assert steps == ["kbench preset cpu-full-gemma", "dvc repro", "kbench preset cpu-full", "dvc repro"], dry
 
 
 def test_cpu_full_preset_runs_every_method_with_power_and_two_seeds():
