@@ -334,6 +334,16 @@ def _suite_scores(b7: float, b5: float) -> dict:
             "b1_equals_b0": {"equal": 4, "sessions": 4}, "tests": None}
 
 
+def test_sweep_variants_sample_no_leak_at_k_and_the_suite_keeps_its_own():
+    from kbench.config import ReplayConfig
+
+    config = ReplayConfig(suites=["s"], sweep_suites=["s"], tau_sweep=[1, 3], indep_sweep=[0.0], leak_at_k=5)
+    found = dict(config.variants("s"))
+    assert list(found) == ["s", "s@tau=1", "s@tau=3", "s@indep=0.0"]
+    assert found["s"].leak_at_k == 5 and {v.leak_at_k for label, v in found.items() if label != "s"} == {0}
+    assert (found["s@tau=3"].tau, found["s@indep=0.0"].indep) == (3, 0.0)
+
+
 def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     from kbench.replay.report import render_results, sweep_summary
 

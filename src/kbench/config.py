@@ -481,14 +481,16 @@ class ReplayConfig(_Section):
 
     def variants(self, suite: str) -> list[tuple[str, ReplayConfig]]:
         """`suite` as configured, then one variant per sweep value, each under its label
-        (`<suite>@tau=2`, `<suite>@indep=0.25`: its folder under `out_dir`)."""
+        (`<suite>@tau=2`, `<suite>@indep=0.25`: its folder under `out_dir`). A variant samples no
+        Leak@k: the sweeps read cost and leaks, not sampled probes (Leak@k is the suite's own)."""
         found = [(suite, self)]
         if suite not in self.sweep_suites:
             return found
         sweeps = {"tau": self.tau_sweep, "indep": self.indep_sweep, "checkpoints": self.checkpoints_sweep}
         for key, values in sweeps.items():
             for value in values:
-                changed = self.model_copy(update={key: value, "sweep_suites": [], **{f"{k}_sweep": [] for k in sweeps}})
+                changed = self.model_copy(update={key: value, "leak_at_k": 0, "sweep_suites": [],
+                                                  **{f"{k}_sweep": [] for k in sweeps}})
                 found.append((f"{suite}@{key}={value}", changed))
         return found
 
