@@ -359,6 +359,18 @@ def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     assert "### τ sweep: s" in page and "| 4 | 300 | 600 |" in page
 
 
+def test_the_suites_own_run_is_a_point_of_its_sweeps_at_its_tau_and_indep():
+    from kbench.replay.report import sweep_summary
+
+    scores = {"s": _suite_scores(500, 600), "s@tau=1": _suite_scores(600, 600), "s@tau=3": _suite_scores(400, 600),
+              "s@indep=0.0": _suite_scores(500, 600)}
+    summary = sweep_summary("s", scores, tau=2, indep=0.5)
+    assert [p["tau"] for p in summary["tau"]["points"]] == [1, 2, 3] and summary["tau"]["points"][1]["b7_tokens"] == 500
+    assert summary["tau"]["b7_fit"]["r2"] == pytest.approx(1)
+    assert [row["indep"] for row in summary["indep"]] == [0.0, 0.5]
+    assert sweep_summary("s", {"s": scores["s"]}, tau=2, indep=0.5) is None  # no sweep ran: no point alone
+
+
 def test_the_granularity_sweep_sets_b7_at_each_granularity_beside_what_its_checkpoints_cost():
     from kbench.replay.report import render_results, sweep_summary
     from kbench.replay.scoring import checkpoint_costs

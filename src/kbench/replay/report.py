@@ -34,11 +34,20 @@ def _fit(xs: list[float], ys: list[float]) -> dict[str, float | None]:
     return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": r2}
 
 
-def sweep_summary(suite: str, scores: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+def sweep_summary(suite: str, scores: Mapping[str, Mapping[str, Any]], *, tau: int | None = None,
+                  indep: float | None = None) -> dict[str, Any] | None:
     """The suite's sweeps: per τ, B7's and B5's mean recomputed tokens with a line through each
-    (B7's cost falls linearly in τ, B5's stays flat); per `indep`, each operator's any-leak rate."""
+    (B7's cost falls linearly in τ, B5's stays flat); per `indep`, each operator's any-leak rate.
+    The suite's own run is a point of a sweep that ran, at its configured `tau` and `indep`."""
     summary: dict[str, Any] = {}
-    taus = sorted((int(label.split("=", 1)[1]), s) for label, s in scores.items() if label.startswith(f"{suite}@tau="))
+
+    def swept(key: str, value: float | None, cast: type) -> list[tuple[Any, Mapping[str, Any]]]:
+        found = {cast(label.split("=", 1)[1]): s for label, s in scores.items() if label.startswith(f"{suite}@{key}=")}
+        if found and value is not None and suite in scores:
+            found.setdefault(cast(value), scores[suite])
+        return sorted(found.items(), key=lambda pair: pair[0])
+
+    taus = swept("tau", tau, int)
     if taus:
         points = [(t, s["operators"].get("B7", {}).get("recomputed_tokens"), s["operators"].get("B5", {})
                    .get("recomputed_tokens")) for t, s in taus]
@@ -48,8 +57,7 @@ def sweep_summary(suite: str, scores: Mapping[str, Mapping[str, Any]]) -> dict[s
             "b7_fit": _fit([t for t, _, _ in kept], [b7 for _, b7, _ in kept]),
             "b5_fit": _fit([t for t, _, _ in kept], [b5 for _, _, b5 in kept]),
         }
-    indeps = sorted((float(label.split("=", 1)[1]), s) for label, s in scores.items()
-                    if label.startswith(f"{suite}@indep="))
+    indeps = swept("indep", indep, float)
     if indeps:
         summary["indep"] = [{"indep": v, "any": {op: row["any"] for op, row in s["operators"].items()}}
                             for v, s in indeps]

@@ -89,7 +89,8 @@ def lane_scores(params: Params) -> LaneScores:
     replay_dir, memory_dir = Path(params.replay.out_dir), Path(params.memory.out_dir)
     replay = {label: found for label in params.replay.labels()
               if (found := _scores(replay_dir / label / LANE_SCORES_FILE, "replay")) is not None}
-    sweeps = {suite: found for suite in params.replay.suites if (found := sweep_summary(suite, replay))}
+    sweeps = {suite: found for suite in params.replay.suites
+              if (found := sweep_summary(suite, replay, tau=params.replay.tau, indep=params.replay.indep))}
     memory = {system: found for system in params.memory.systems
               if (found := _scores(memory_dir / system / LANE_SCORES_FILE, "memory")) is not None}
     if not replay or not memory:

@@ -234,7 +234,7 @@ def main(params: Params, options: Options) -> int:
         for label, variant in variants(params, suite):
             scores[label] = run_suite(variant, corpus, options.corpus, suite, track=options.track, label=label)
             log.info("%s: %d sessions scored, valid %s", label, scores[label]["sessions"], scores[label]["valid"])
-    sweeps = {suite: sweep_summary(suite, scores) for suite in suites}
+    sweeps = {suite: sweep_summary(suite, scores, tau=params.replay.tau, indep=params.replay.indep) for suite in suites}
     if any(sweeps.values()):  # beside the suites' folders (each folder is one MLflow run's output)
         io.write_json(Path(params.replay.out_dir) / SWEEP_FILE, {s: v for s, v in sweeps.items() if v})
     page = render_results(scores, model=params.base_model, params_digest=io.json_digest(shaping(params, "replay")),
