@@ -207,6 +207,32 @@ def test_unknown_operators_are_answered_with_the_registered_ones():
         build_operator("B42")
 
 
+def test_the_suites_scores_list_sessions_in_plan_order_whatever_order_they_finish(small_corpus, tiny_model_dir,  # noqa: F811
+                                                                                 kbench_root, monkeypatch):
+    import json
+
+    import kbench.stages.replay as stage
+    from kbench.config import Params
+    from kbench.corpus import write_corpus
+
+    corpus_dir = kbench_root / "corpus"
+    write_corpus(small_corpus, corpus_dir)
+    params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "execution": {"cell_workers": 1},
+                                    "replay": {"suites": ["kbench-sessions"], "sessions": 3}})
+
+    def backwards(task, jobs, workers, finished):  # the last session finishes first  # noqa: ANN001, ANN202
+        for job in reversed(jobs):
+            finished(job, f"session {job.index}: z never entered", 1.0)
+        return []
+
+    monkeypatch.setattr(stage, "run_items", backwards)
+    assert stage.main(params, stage.Options(corpus=corpus_dir)) == 0
+    out = kbench_root / "artifacts/replay/kbench-sessions"
+    missing = json.loads((out / "scores.json").read_text())["not_entered"]
+    assert missing == list(json.loads((out / "sessions.json").read_text())) and len(missing) == 3
+    assert missing == sorted(missing)
+
+
 def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_corpus, tiny_model_dir,  # noqa: F811
                                                                kbench_root, monkeypatch):
     import json

@@ -178,6 +178,7 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
     if failed:
         raise ReplayStageError(f"{label}: sessions failed: {'; '.join(failed)}")
     write()
+    info = {plans[i].session_id: info[plans[i].session_id] for i in sorted(done)}  # plan order, not finishing order
     records = [r for i in sorted(done) for r in done[i][0]]
     traces = [t for i in sorted(done) for t in done[i][1]]
     missing = [sid for sid, item in info.items() if not item["entered"]]
