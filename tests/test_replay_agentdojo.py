@@ -15,6 +15,7 @@ from kbench.config import AgentConfig
 from kbench.replay.agentdojo import (
     AGENTDOJO_VERSION,
     AgentDojoError,
+    acquisition_steps,
     environment_for,
     load_suite,
     plan_agentdojo,
@@ -56,6 +57,39 @@ def test_z_sits_where_turn_tau_reads_and_nowhere_earlier(small_corpus):  # noqa:
         assert not vectors[by_prompt[turn.user]] & set(injections)
     assert plan.turns[plan.tau - 1].injects_target and plan.suite == SUITE
     assert _plans(small_corpus) == _plans(small_corpus)  # a pure function of the seed
+
+
+def test_turn_tau_starts_with_the_ground_truth_call_that_reads_z(small_corpus):  # noqa: F811
+    (plan, injections), = _plans(small_corpus)
+    suite = load_suite(SUITE)
+    entry = next(t for t, task in suite.user_tasks.items() if task.PROMPT == plan.turns[plan.tau - 1].user)
+    first = suite.user_tasks[entry].ground_truth(suite.load_and_inject_default_environment({}))[0]
+    script = acquisition_steps(SUITE)[entry]
+    assert script.endswith(f"Action: {first.function}[{json.dumps(dict(first.args), sort_keys=True)}]")
+    assert [t.acquisition is not None for t in (*plan.turns, *plan.post)] == \
+        [t.number == plan.tau for t in (*plan.turns, *plan.post)]
+    world = environment_for(SUITE, injections, plan)
+    assert plan.target in world.call(first.function, dict(first.args), call_id="c0")  # the call reads z
+
+
+def test_z_enters_through_the_scripted_step_on_an_agent_that_never_calls_a_tool(small_corpus, tiny_model_dir,
+                                                                                monkeypatch):  # noqa: F811
+    real = scripted_session.reply
+
+    def reply(conversation):  # noqa: ANN001
+        if conversation[-1]["content"] == SUMMARY_REQUEST:
+            return real(conversation)
+        return "Thought: I can answer.\nFinal Answer: done."
+
+    monkeypatch.setattr(scripted_session, "reply", reply)
+    backend = scripted_session.SessionScriptBackend(load_tokenizer(tiny_model_dir))
+    (plan, injections), = _plans(small_corpus)
+    result = run_session(backend, environment_for(SUITE, injections, plan), plan, AgentConfig(max_iters=3),
+                         operators=OPERATORS, compression_period=0)
+    by = {r.operator: r for r in result.records}
+    assert result.tau == plan.tau
+    assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256
+    assert by["B7"].transitions == plan.T - plan.tau + 1
 
 
 def test_the_world_snapshots_sanitizes_and_delivers_once(small_corpus):  # noqa: F811

@@ -169,6 +169,8 @@ class TurnRun:
         self.prefix = f"{session.plan.session_id}/turn{turn.number}"
         self._add(Item(f"{self.prefix}/user", "user", f"Question: {user}"), "user",
                   sources={source} if source else set(), parents=())
+        if turn.acquisition is not None:  # the scripted step runs as if the model had written it
+            self.advance(turn.acquisition)
 
     def _add(self, item: Item, kind: ArtifactType, *, sources: set[str] = set(),
              parents: Sequence[str] | None = None, to_prompt: bool = True) -> None:

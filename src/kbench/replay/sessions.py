@@ -52,6 +52,9 @@ class PlannedTurn:
     injects_target: bool = False
     #: Whether the task asks for a side effect (a `send_message` call).
     consequential: bool = False
+    #: A scripted first step (a Thought and an Action in the agent's format) the turn starts with:
+    #: the acquisition step that reads z's source (AgentDojo's entry turn); None: every step is the model's.
+    acquisition: str | None = None
 
 
 @dataclass(frozen=True)
