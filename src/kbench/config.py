@@ -423,9 +423,9 @@ class ReplayConfig(_Section):
     out_dir: str = "artifacts/replay"
     #: The lane's results page the stage writes (tables of every suite run).
     results: str = "docs/results-replay.md"
-    #: The session suites to run (`kbench list suites`); the CPU default runs one (its time budget),
-    #: presets/cpu-full.yaml the memory and AgentDojo banking suites too.
-    suites: list[str] = ["kbench-sessions"]
+    #: The session suites to run (`kbench list suites`); the CPU default runs the project's tool suite
+    #: and AgentDojo's banking suite, presets/cpu-full.yaml the memory suite too.
+    suites: list[str] = ["kbench-sessions", "agentdojo-banking"]
     #: The operators applied to every session (`kbench list operators`), B5 among them.
     operators: list[str] = ["B0", "B1", "B2", "B3", "B4", "B5", "B5'", "B6", "B7", "B8", "B9"]
     #: Sessions per suite.
