@@ -38,6 +38,16 @@ def _plans(corpus, **shape):  # noqa: ANN001
     return plan_agentdojo(SUITE, corpus, **shape)
 
 
+def _session(corpus, model_dir, monkeypatch, reply, *, max_iters: int, compression_period: int):  # noqa: ANN001, ANN202
+    """One planned session run with `reply` as the scripted model's policy: (plan, result)."""
+    monkeypatch.setattr(scripted_session, "reply", reply)
+    backend = scripted_session.SessionScriptBackend(load_tokenizer(model_dir))
+    (plan, injections), = _plans(corpus)
+    return plan, run_session(backend, environment_for(SUITE, injections, plan), plan,
+                             AgentConfig(max_iters=max_iters), operators=OPERATORS,
+                             compression_period=compression_period)
+
+
 def test_the_pinned_package_and_an_unknown_suite():
     import importlib.metadata
 
@@ -81,11 +91,7 @@ def test_z_enters_through_the_scripted_step_on_an_agent_that_never_calls_a_tool(
             return real(conversation)
         return "Thought: I can answer.\nFinal Answer: done."
 
-    monkeypatch.setattr(scripted_session, "reply", reply)
-    backend = scripted_session.SessionScriptBackend(load_tokenizer(tiny_model_dir))
-    (plan, injections), = _plans(small_corpus)
-    result = run_session(backend, environment_for(SUITE, injections, plan), plan, AgentConfig(max_iters=3),
-                         operators=OPERATORS, compression_period=0)
+    plan, result = _session(small_corpus, tiny_model_dir, monkeypatch, reply, max_iters=3, compression_period=0)
     by = {r.operator: r for r in result.records}
     assert result.tau == plan.tau
     assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256
@@ -138,11 +144,7 @@ def test_a_session_on_the_ground_truth_agent(small_corpus, tiny_model_dir, monke
             return _ground_truth_reply(conversation)
         return real(conversation)
 
-    monkeypatch.setattr(scripted_session, "reply", reply)
-    backend = scripted_session.SessionScriptBackend(load_tokenizer(tiny_model_dir))
-    (plan, injections), = _plans(small_corpus)
-    result = run_session(backend, environment_for(SUITE, injections, plan), plan, AgentConfig(max_iters=6),
-                         operators=OPERATORS, compression_period=4)
+    plan, result = _session(small_corpus, tiny_model_dir, monkeypatch, reply, max_iters=6, compression_period=4)
     by = {r.operator: r for r in result.records}
     assert result.tau == plan.tau
     assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256
