@@ -8,6 +8,7 @@ observation a user turn that starts with "Observation:".
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kbench.agent.tools import registered_tools
 from kbench.backends import Conversation, Message
@@ -23,6 +24,21 @@ Then wait: the Observation with the tool result is written for you.
 Repeat Thought/Action as needed, at most {max_iters} times, then finish with:
 Thought: I now know the answer
 Final Answer: the answer"""
+
+
+@dataclass(frozen=True)
+class ScriptedStep:
+    """A model step written by a script (an agent-base training transcript, a session's
+    acquisition step), in the ReAct format the agent writes."""
+
+    thought: str
+    action: tuple[str, str] | None = None  # (tool, args)
+    answer: str | None = None
+
+    def text(self) -> str:
+        if self.action is not None:
+            return f"Thought: {self.thought}\nAction: {self.action[0]}[{self.action[1]}]"
+        return f"Thought: {self.thought}\nFinal Answer: {self.answer}"
 
 
 def react_format(max_iters: int) -> str:

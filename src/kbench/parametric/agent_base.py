@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kbench import io
 from kbench.agent import ReActAgent
-from kbench.agent.prompts import observation_turn, react_conversation
+from kbench.agent.prompts import ScriptedStep, observation_turn, react_conversation
 from kbench.agent.tools import ToolContext, call_tool
 from kbench.backends import Conversation, Message, build_backend
 from kbench.backends.hf import check_model_folder, load_model, load_weights
@@ -83,18 +83,6 @@ def world_of(targets: list[Entity], distractors: list[Entity]) -> Corpus:
     pools = {FORGET_ADAPTER: [], FORGET_EVAL: target_ids, RETAIN_ADAPTER: distractor_ids, RETAIN_EVAL: []}
     return Corpus(entities={p.id: p for p in [*targets, *distractors]}, pools=pools,
                   distractor_ids=distractor_ids, source="agent-base")
-
-
-@dataclass(frozen=True)
-class ScriptedStep:
-    thought: str
-    action: tuple[str, str] | None = None  # (tool, args)
-    answer: str | None = None
-
-    def text(self) -> str:
-        if self.action is not None:
-            return f"Thought: {self.thought}\nAction: {self.action[0]}[{self.action[1]}]"
-        return f"Thought: {self.thought}\nFinal Answer: {self.answer}"
 
 
 def scripted_transcript(substrate: Substrate, query: Query, rng: random.Random, max_iters: int) -> Conversation:

@@ -9,9 +9,9 @@ is injectable: its ground-truth calls run on canary injections), and no earlier 
 "<name>'s <field> is <z>.". Turn τ's task is one whose first ground-truth call reads those
 vectors, and the turn starts with that call scripted (the acquisition step of the paper's
 scripted sessions): the model continues from its observation. The sanitized world is the same
-environment with z replaced by "not on record". A tool that changes the world (its name starts with a verb such as `send_`,
-`create_`, `update_`) is consequential: its calls are delivered once by call id, and only
-shadowed during a replay. The turns after τ that need z, and the post-revocation ones, ask for
+environment with z replaced by "not on record". A tool that changes the world (its name starts
+with a verb such as `send_`, `create_`, `update_`) is consequential: its calls are delivered
+once by call id, and only shadowed during a replay. The turns after τ that need z, and the post-revocation ones, ask for
 z's field of its person; the others are further user tasks of the suite.
 """
 
@@ -25,6 +25,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kbench.agent.prompts import ScriptedStep
 from kbench.agent.tools import split_args
 from kbench.corpus import Corpus
 from kbench.records import FIELD_PHRASES, FIELDS, FORGET
@@ -119,8 +120,8 @@ def acquisition_steps(name: str) -> dict[str, str]:
     for task_id, calls in _ground_truth_reads(name).items():
         if calls and calls[0][2]:
             tool, args, _ = calls[0]
-            steps[task_id] = (f"Thought: I need the data this task is about.\n"
-                              f"Action: {tool}[{json.dumps(args, sort_keys=True, default=str)}]")
+            steps[task_id] = ScriptedStep("I need the data this task is about.",
+                                          (tool, json.dumps(args, sort_keys=True, default=str))).text()
     return steps
 
 
