@@ -195,10 +195,30 @@ def test_a_replayed_send_leaves_once(scripted, small_corpus):  # noqa: F811
     assert all(plan.target not in d.text for d in replayed.state.env.shadow)
 
 
+def test_z_enters_through_the_scripted_lookup_on_an_agent_that_never_calls_a_tool(scripted, small_corpus,  # noqa: F811
+                                                                                 monkeypatch):
+    real = reply
+
+    def reply_no_call(conversation):  # noqa: ANN001
+        return real(conversation) if conversation[-1]["content"] == SUMMARY_REQUEST else "Final Answer: done."
+
+    monkeypatch.setattr(sys.modules[__name__], "reply", reply_no_call)
+    plan, result = _run(scripted, small_corpus, "tool")
+    by = {r.operator: r for r in result.records}
+    assert result.tau == plan.tau
+    assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256
+    assert by["B7"].transitions == plan.T - plan.tau + 1
+
+
 def test_a_session_whose_z_never_enters_is_named(scripted, small_corpus, monkeypatch):  # noqa: F811
+    import dataclasses
+
     monkeypatch.setattr(sys.modules[__name__], "reply", lambda conversation: "Final Answer: I will not look.")
+    (plan,) = plan_suite(small_corpus, sessions=1, kind="tool", T=6, tau=3, indep=0.5, n_post=4, seed=0)
+    unscripted = dataclasses.replace(plan, turns=tuple(dataclasses.replace(t, acquisition=None) for t in plan.turns))
+    env = SessionEnvironment(small_corpus, source=(plan.target_entity, plan.target_field))
     with pytest.raises(TargetNeverEntered, match="z never entered the state"):
-        _run(scripted, small_corpus, "tool")
+        run_session(scripted, env, unscripted, AgentConfig(max_iters=4), operators=OPERATORS, compression_period=4)
 
 
 def test_unknown_operators_are_answered_with_the_registered_ones():

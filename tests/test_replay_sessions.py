@@ -1,5 +1,5 @@
-"""The `kbench-sessions` plans: z is a forget person's field value entering at τ (by a lookup
-or a memory injection), the turns after it split by `indep`, at least four post-revocation
+"""The `kbench-sessions` plans: z is a forget person's field value entering at τ (by a scripted
+lookup or a memory injection), the turns after it split by `indep`, at least four post-revocation
 turns, the six probes, and the same plans from the same inputs."""
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ def test_a_plan_places_z_at_tau_and_splits_the_turns_after_it(small_corpus, kind
         assert entry.number == plan.tau == 4
         # a lookup brings z through the tool's observation; a memory injection states it
         assert (plan.target in entry.user) == (kind == "memory")
+        # a lookup's turn starts with the scripted call that reads z; no other turn is scripted
+        assert [t.acquisition is not None for t in (*plan.turns, *plan.post)] == \
+            [kind == "tool" and t is entry for t in (*plan.turns, *plan.post)]
+        if kind == "tool":
+            assert entry.acquisition.endswith(f"Action: lookup_record[{person.name}, {plan.target_field}]")
         assert not any(t.needs_target for t in plan.turns[:3])
         after = plan.turns[4:]
         assert sum(not t.needs_target for t in after) == 3  # indep 0.5 of the 6 turns after τ

@@ -3,7 +3,8 @@ corpus, planned here, run by the lane's runtime.
 
 A plan fixes everything the runtime needs before any model runs: T turns of user tasks about
 corpus people, the turn τ at which z (a forget person's field value) enters, through a tool
-observation (kind `tool`: the task makes the agent look the value up) or a memory injection
+observation (kind `tool`: the task asks for the value and the turn starts with a scripted record
+lookup, the acquisition stage of the paper's scripted sessions) or a memory injection
 (kind `memory`: the user has the agent remember it), the m turns after τ (a fraction `indep`
 of them about other people, the rest needing z, some of those with a side effect through the
 consequential `send_message` tool), the post-revocation turns and the six probes. Plans are a
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from kbench.agent.prompts import ScriptedStep
 from kbench.corpus import Corpus
 from kbench.records import FIELD_PHRASES, FIELDS, FORGET, RETAIN
 from kbench.replay.environment import RECIPIENTS
@@ -53,7 +55,8 @@ class PlannedTurn:
     #: Whether the task asks for a side effect (a `send_message` call).
     consequential: bool = False
     #: A scripted first step (a Thought and an Action in the agent's format) the turn starts with:
-    #: the acquisition step that reads z's source (AgentDojo's entry turn); None: every step is the model's.
+    #: the acquisition step that reads z's source (turn τ of a `tool` or AgentDojo session); None: every
+    #: step is the model's.
     acquisition: str | None = None
 
 
@@ -86,6 +89,14 @@ def _ask(corpus: Corpus, entity_id: str, field: str) -> str:
 
 def _send(corpus: Corpus, entity_id: str, field: str, recipient: str) -> str:
     return f"Send {recipient} a message with {corpus.entities[entity_id].name}'s {FIELD_PHRASES[field]}."
+
+
+def _lookup_step(corpus: Corpus, entity_id: str, field: str) -> str:
+    """The scripted acquisition step of a `tool` session's turn τ: the record lookup that brings z in,
+    worded as the agent base's transcripts word it (the model takes every later step)."""
+    name = corpus.entities[entity_id].name
+    return ScriptedStep(f"I need {name}'s {FIELD_PHRASES[field]}. I will look up the record.",
+                        ("lookup_record", f"{name}, {field}")).text()
 
 
 def _remember(corpus: Corpus, entity_id: str, field: str, value: str) -> str:
@@ -142,9 +153,13 @@ def plan_session(corpus: Corpus, *, index: int, kind: SessionKind, T: int, tau: 
         return PlannedTurn(0, text, target_entity, target_field, needs_target=True, consequential=consequential)
 
     turns = [other() for _ in range(tau - 1)]
-    entry = (_ask(corpus, target_entity, target_field) if kind == "tool"
-             else _remember(corpus, target_entity, target_field, target))
-    turns.append(PlannedTurn(0, entry, target_entity, target_field, needs_target=True, injects_target=True))
+    if kind == "tool":  # z enters through a scripted lookup, whatever the model would have called
+        turns.append(PlannedTurn(0, _ask(corpus, target_entity, target_field), target_entity, target_field,
+                                 needs_target=True, injects_target=True,
+                                 acquisition=_lookup_step(corpus, target_entity, target_field)))
+    else:  # z enters in the user's own message
+        turns.append(PlannedTurn(0, _remember(corpus, target_entity, target_field, target), target_entity,
+                                 target_field, needs_target=True, injects_target=True))
     after = T - tau
     n_indep = round(indep * after)
     flags = [False] * n_indep + [True] * (after - n_indep)
