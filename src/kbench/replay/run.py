@@ -3,12 +3,13 @@ post-revocation turns and probes on each, and one record per operator.
 
 The turns before the revocation run one at a time (a batch of one), so the full reset and the
 selective replay do exactly the arithmetic the first run did; the post-revocation turns and the
-probes run every operator's branch in one batch a step at a time.
+probes run every operator's branch in one batch a step at a time (Leak@k's samples one branch at a time).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -73,27 +74,26 @@ def sample_seed(*parts: str) -> int:
 
 def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, chosen: Sequence[tuple[str, Branch]],
                    *, k: int, temperature: float) -> dict[str, dict[str, list[str]]]:
-    """k replies per probe and branch sampled at `temperature` (Leak@k), each from its own seeded generator."""
+    """k replies per probe and branch sampled at `temperature` (Leak@k), each from its own seeded generator.
+    A branch's k rows decode as one batch: the engine pads every row of a batch to the longest
+    cache, so all branches at once would hold operators x k copies of a whole session's cache."""
     engine, tokenizer = backend.engine, backend.tokenizer  # type: ignore[attr-defined]
     samples: dict[str, dict[str, list[str]]] = {name: {} for name, _ in chosen}
-    for probe in PROBES:
+    for probe, (name, branch) in itertools.product(PROBES, chosen):
         message = Message(role="user", content=plan.probes[probe])
-        rows = [(name, b, j) for name, b in chosen for j in range(k)]
-        prompts = [encode_prompt(tokenizer, b.state.conversation(config.max_iters, [message])) for _, b, _ in rows]
-        states = [b.state.fork().kv for _, b, _ in rows]
-        generators = [torch.Generator().manual_seed(sample_seed(plan.session_id, name, probe, str(j)))
-                      for name, _, j in rows]
+        prompt = encode_prompt(tokenizer, branch.state.conversation(config.max_iters, [message]))
+        states = [branch.state.fork().kv for _ in range(k)]
+        generators = [torch.Generator().manual_seed(sample_seed(plan.session_id, name, probe, str(j))) for j in range(k)]
 
         def choose(row: int, logits: torch.Tensor) -> int:
             weights = torch.softmax(logits.float() / temperature, dim=-1)
             return int(torch.multinomial(weights, 1, generator=generators[row]))
 
-        outputs = engine.generate(states, prompts, max_new_tokens=config.max_new_tokens, stop=[OBSERVATION_PREFIX],
-                                  share_prefixes=False, choose=choose)
-        for (name, b, _), tokens in zip(rows, outputs):
-            text = truncate_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), [OBSERVATION_PREFIX]).strip()
-            blocked = b.policy is not None and b.policy(b.state)
-            samples[name].setdefault(probe, []).append(BLOCKED if blocked else text)
+        outputs = engine.generate(states, [prompt] * k, max_new_tokens=config.max_new_tokens,
+                                  stop=[OBSERVATION_PREFIX], share_prefixes=False, choose=choose)
+        blocked = branch.policy is not None and branch.policy(branch.state)
+        samples[name][probe] = [BLOCKED if blocked else truncate_at_stop(
+            tokenizer.decode(tokens, skip_special_tokens=True), [OBSERVATION_PREFIX]).strip() for tokens in outputs]
     return samples
 
 
