@@ -440,8 +440,9 @@ class ReplayConfig(_Section):
     #: ReAct steps a session turn may take, and tokens a step may write (the lane's caps on `agent`).
     max_iters: int = Field(3, ge=1)
     max_new_tokens: int = Field(64, ge=8)
-    #: The compression period k: every k turns the model's summary replaces the older turns (0: never).
-    compression_period: int = Field(1, ge=0)
+    #: The compression period k: every k turns the model's summary replaces the older turns (0: never,
+    #: the CPU default: small models' summaries drop z, docs/replay.md).
+    compression_period: int = Field(0, ge=0)
     #: The turn boundaries that hold a checkpoint: every turn (and before a memory injection), or
     #: the session's start only (the paper's granularity ablation); B7 replays from the last one before τ.
     checkpoints: CheckpointGranularity = EVERY_TURN
