@@ -8,7 +8,7 @@ same session-sized prompt (the corpus's biographies up to `--tokens`), `--branch
 of `--k` rows each, seeded sampling at temperature 0.7, so its peak RSS is its own.
 
     PYTHONPATH=src python benchmarks/leak_at_k_batching.py --model artifacts/agent_base \\
-        --tokens 3000 --branches 11 --k 5 --repeats 2 --json benchmarks/leak_at_k_batching.json
+        --tokens 2000 --branches 11 --k 5 --repeats 2 --json benchmarks/leak_at_k_batching.json
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ still holds: z resurfaces exactly when the state still carries it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Sequence
@@ -111,8 +112,11 @@ def scripted(tiny_model_dir) -> SessionScriptBackend:  # noqa: F811
     return SessionScriptBackend(load_tokenizer(tiny_model_dir))
 
 
-def _run(backend, corpus, kind: str, *, index: int = 0, operators=OPERATORS, checkpoints=EVERY_TURN):  # noqa: ANN001
+def _run(backend, corpus, kind: str, *, index: int = 0, operators=OPERATORS, checkpoints=EVERY_TURN,  # noqa: ANN001
+         scripted_entry: bool = True):
     (plan,) = plan_suite(corpus, sessions=1, kind=kind, T=6, tau=3, indep=0.5, n_post=4, seed=index)
+    if not scripted_entry:  # the model alone must bring z in
+        plan = dataclasses.replace(plan, turns=tuple(dataclasses.replace(t, acquisition=None) for t in plan.turns))
     env = SessionEnvironment(corpus, source=(plan.target_entity, plan.target_field))
     return plan, run_session(backend, env, plan, AgentConfig(max_iters=4), operators=operators,
                              compression_period=4, checkpoints=checkpoints)
@@ -211,14 +215,9 @@ def test_z_enters_through_the_scripted_lookup_on_an_agent_that_never_calls_a_too
 
 
 def test_a_session_whose_z_never_enters_is_named(scripted, small_corpus, monkeypatch):  # noqa: F811
-    import dataclasses
-
     monkeypatch.setattr(sys.modules[__name__], "reply", lambda conversation: "Final Answer: I will not look.")
-    (plan,) = plan_suite(small_corpus, sessions=1, kind="tool", T=6, tau=3, indep=0.5, n_post=4, seed=0)
-    unscripted = dataclasses.replace(plan, turns=tuple(dataclasses.replace(t, acquisition=None) for t in plan.turns))
-    env = SessionEnvironment(small_corpus, source=(plan.target_entity, plan.target_field))
     with pytest.raises(TargetNeverEntered, match="z never entered the state"):
-        run_session(scripted, env, unscripted, AgentConfig(max_iters=4), operators=OPERATORS, compression_period=4)
+        _run(scripted, small_corpus, "tool", scripted_entry=False)
 
 
 def test_unknown_operators_are_answered_with_the_registered_ones():

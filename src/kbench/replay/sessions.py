@@ -153,13 +153,11 @@ def plan_session(corpus: Corpus, *, index: int, kind: SessionKind, T: int, tau: 
         return PlannedTurn(0, text, target_entity, target_field, needs_target=True, consequential=consequential)
 
     turns = [other() for _ in range(tau - 1)]
-    if kind == "tool":  # z enters through a scripted lookup, whatever the model would have called
-        turns.append(PlannedTurn(0, _ask(corpus, target_entity, target_field), target_entity, target_field,
-                                 needs_target=True, injects_target=True,
-                                 acquisition=_lookup_step(corpus, target_entity, target_field)))
-    else:  # z enters in the user's own message
-        turns.append(PlannedTurn(0, _remember(corpus, target_entity, target_field, target), target_entity,
-                                 target_field, needs_target=True, injects_target=True))
+    # z enters through a scripted lookup (whatever the model would have called), or in the user's message
+    entry, script = ((_ask(corpus, target_entity, target_field), _lookup_step(corpus, target_entity, target_field))
+                     if kind == "tool" else (_remember(corpus, target_entity, target_field, target), None))
+    turns.append(PlannedTurn(0, entry, target_entity, target_field, needs_target=True, injects_target=True,
+                             acquisition=script))
     after = T - tau
     n_indep = round(indep * after)
     flags = [False] * n_indep + [True] * (after - n_indep)
