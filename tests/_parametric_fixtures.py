@@ -72,3 +72,24 @@ def fast_params(tmp: Path, **injection) -> Params:
             **injection,
         },
     })
+
+
+def trained_p_design(tmp: Path, corpus: Corpus, model_dir: Path) -> Params:
+    """fast_params with none, gold and ga on recipe lora over `model_dir`, their adapters
+    (LoRA-T+D, gold, LoRA-D, ga's) trained in-process and the corpus written to tmp/corpus."""
+    from kbench.config import UnlearningConfig
+    from kbench.corpus import write_corpus
+    from kbench.stages import inject as inject_stage
+    from kbench.stages import unlearn as unlearn_stage
+
+    base = fast_params(tmp)
+    params = base.model_copy(update={
+        "methods": ["none", "gold", "ga"], "p_recipes": ["lora"],
+        "queries": base.queries.model_copy(update={"forms": []}),
+        "unlearning": UnlearningConfig(out_dir=str(tmp / "unlearned"), epochs=1, batch_size=4, learning_rate=1e-2),
+        "model": base.model.model_copy(update={"path": str(model_dir)}),
+    })
+    inject_stage.run_inject_stage(params, corpus, model_dir, track=False)
+    unlearn_stage.run_unlearn_stage(params, corpus, track=False)
+    write_corpus(corpus, tmp / "corpus")
+    return params

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kbench.backends import backend_has_weights, backend_is_remote, backend_names
+from kbench.backends import backend_has_weights, backend_is_remote, backend_names, backend_serves_adapters
 from kbench.config import DEFAULT_PARAMS, GENERATED, Params, ParamsError, load_params, redact_url
 from kbench.corpus import CorpusError, pool_sizes
 from kbench.forms import CANONICAL, form_names
 from kbench.methods import method_class, method_names, resolve_methods
 from kbench.methods.base import WEIGHT_HOOKS
-from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, PARAMETRIC
+from kbench.names import ADAPTER_FREE, BASELINE_METHOD, CONTROL, HF_BACKEND, LORA, PARAMETRIC
 from kbench.records import SPLITS
 from kbench.observer.matcher import scoring_rule_names
 from kbench.substrates import substrate_names
@@ -72,38 +72,57 @@ def _check_grid(params: Params) -> None:
 
 #: What to run instead when a backend without weights meets something that needs them.
 ENDPOINT_HINT = "an endpoint runs the adapter-free cells only (presets/endpoint.yaml, docs/models.md)"
+#: The same, for a backend whose server applies LoRA adapters by name.
+SERVED_HINT = ("a server that applies adapters by name runs the adapter-free cells, the LoRA-D controls and P's "
+               "recipe lora with none, gold and the weight methods that train one adapter (docs/models.md)")
 
 
 def _check_endpoint(params: Params) -> None:
     """On a backend without weights (an endpoint), refuse what needs them, before any stage work:
     methods with a weight or forward hook (or weights trained for them), substrate P (its
-    adapters load into the weights) and the agent base (a LoRA trained on them)."""
+    adapters load into the weights) and the agent base (a LoRA trained on them). A backend whose
+    server applies adapters by name (vLLM) keeps P's unmerged recipe and the weight methods
+    whose weights are one adapter."""
     backend = params.model.backend
     if backend_has_weights(backend):
         return
+    served = backend_serves_adapters(backend)
+    hint = SERVED_HINT if served else ENDPOINT_HINT
     hooked = []
     for name in params.methods:
         cls = method_class(name)
+        if cls.runs_without_weights(served):
+            continue
         hooks = sorted(cls.hooks & WEIGHT_HOOKS)
-        if hooks or cls.trains:
-            hooked.append(f"{name} ({'/'.join(hooks) + ' hook' if hooks else 'trained weights'})")
+        hooked.append(f"{name} ({'/'.join(hooks) + ' hook' if hooks else 'trained weights'})")
     if hooked:
         raise ParamsError(f"key 'methods': {', '.join(hooked)} edit or hook the model's weights; the {backend} "
-                          f"backend exposes none: drop them; {ENDPOINT_HINT}")
-    if params.p_recipes:
+                          f"backend exposes none: drop them; {hint}")
+    if params.p_recipes and not served:
         raise ParamsError(f"key 'p_recipes': substrate P loads its LoRA adapters into the model's weights; the "
-                          f"{backend} backend exposes none: set p_recipes: []; {ENDPOINT_HINT}")
+                          f"{backend} backend exposes none: set p_recipes: []; {hint}")
+    merged = [recipe for recipe in params.p_recipes if recipe != LORA]
+    if merged:
+        raise ParamsError(f"key 'p_recipes': recipe {merged[0]} merges LoRA-T+D into the model's weights; the "
+                          f"{backend} backend reaches adapters its server applies unmerged: set p_recipes: [{LORA}]; "
+                          f"{hint}")
     if params.agent_base.enabled:
         raise ParamsError(f"key 'agent_base.enabled': the agent base is a LoRA trained on the model's weights; "
-                          f"the {backend} backend exposes none: set it to false; {ENDPOINT_HINT}")
+                          f"the {backend} backend exposes none: set it to false; {hint}")
 
 
-def require_weights(params: Params, stage: str, why: str) -> None:
+def require_weights(params: Params, stage: str, why: str, *, served: bool = False) -> None:
     """A stage that needs the model's weights refuses a backend without them in one line (as
-    ParamsError), before any work: `why` says what it does with them."""
-    if not backend_has_weights(params.model.backend):
-        raise ParamsError(f"the {stage} stage {why}; the {params.model.backend} backend exposes none; "
-                          "an endpoint runs the adapter-free cells only: `dvc repro cell` (docs/models.md)")
+    ParamsError), before any work: `why` says what it does with them. `served`: a backend whose
+    server applies the stage's adapters by name will do."""
+    backend = params.model.backend
+    if backend_has_weights(backend) or (served and backend_serves_adapters(backend)):
+        return
+    if served:
+        raise ParamsError(f"the {stage} stage {why}; the {backend} backend exposes none and serves no adapters; "
+                          f"{ENDPOINT_HINT}")
+    raise ParamsError(f"the {stage} stage {why}; the {backend} backend exposes none; "
+                      "an endpoint runs the adapter-free cells only: `dvc repro cell` (docs/models.md)")
 
 
 def check_pools(params: Params) -> None:

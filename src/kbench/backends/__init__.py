@@ -11,6 +11,7 @@ from kbench.backends.base import (
     backend_has_weights,
     backend_is_remote,
     backend_names,
+    backend_serves_adapters,
     build_backend,
     register_backend,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "backend_has_weights",
     "backend_is_remote",
     "backend_names",
+    "backend_serves_adapters",
     "build_backend",
     "register_backend",
 ]

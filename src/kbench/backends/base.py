@@ -64,6 +64,9 @@ class Backend(ABC):
     has_weights: ClassVar[bool]
     #: True when the model is a server's at `model.base_url`; False when `model.path` names local files.
     remote: ClassVar[bool] = False
+    #: True when the server applies a LoRA adapter per request, by the name it serves it under
+    #: (vLLM's `--lora-modules`): `load_adapter` chooses that name instead of loading weights.
+    serves_adapters: ClassVar[bool] = False
 
     def generate(
         self,
@@ -132,6 +135,11 @@ def backend_has_weights(name: str) -> bool:
 def backend_is_remote(name: str) -> bool:
     """Whether the backend registered as `name` talks to a server at `model.base_url`."""
     return _BACKENDS.get(name).remote
+
+
+def backend_serves_adapters(name: str) -> bool:
+    """Whether the backend registered as `name` reaches LoRA adapters a server applies by name."""
+    return _BACKENDS.get(name).serves_adapters
 
 
 def build_backend(config: ModelConfig) -> Backend:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kbench.backends.base import BackendError, register_backend
+from kbench.backends.base import Backend, BackendError, register_backend
 from kbench.backends.openai import OpenAIBackend
 from kbench.config import ModelConfig
 from kbench.serving import ServingError, llama_server, to_gguf
@@ -95,6 +95,9 @@ def serve(path: str | Path, threads: int, *, n_ctx: int | None = None, alias: st
 class LlamaCppBackend(OpenAIBackend):
     has_weights = False
     remote = False
+    #: The server it starts holds one model and no adapters.
+    serves_adapters = False
+    load_adapter = Backend.load_adapter
 
     def __init__(self, config: ModelConfig) -> None:
         if config.base_url:

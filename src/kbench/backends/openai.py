@@ -3,7 +3,9 @@
 The API key is read from the environment variable named by `model.api_key_env`, so it never
 appears in params, logs or MLflow. A batch is sent as concurrent requests. Endpoints that
 return reasoning text beside the reply (`reasoning_content` in vLLM, `reasoning` elsewhere)
-have it passed on so the harness records it as thoughts.
+have it passed on so the harness records it as thoughts. A server that applies LoRA adapters
+by name (vLLM's `--enable-lora --lora-modules`) serves substrate P: a cell's adapter is the
+model name its requests ask for (`kbench.serving.adapters`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kbench.backends.base import (
     truncate_at_stop,
 )
 from kbench.config import ModelConfig, redact_url
+from kbench.serving.adapters import served_name
 
 #: The chat API accepts at most this many stop strings; the rest are applied client-side.
 _MAX_API_STOPS = 4
@@ -45,6 +48,7 @@ def _split_credentials(url: str) -> tuple[str, dict[str, str]]:
 class OpenAIBackend(Backend):
     has_weights = False
     remote = True
+    serves_adapters = True
 
     def __init__(self, config: ModelConfig) -> None:
         if not config.base_url:
@@ -70,6 +74,43 @@ class OpenAIBackend(Backend):
         self._client = OpenAI(base_url=base_url, api_key=api_key, timeout=config.request_timeout_s,
                               default_headers=headers)
 
+    def load_adapter(self, path: str, *, merge: bool = False) -> None:
+        """Ask for the adapter in `path` by the name the server serves it under (checked now, so a
+        cell stops before its first trajectory when the server lacks it)."""
+        if merge:
+            raise BackendError(
+                f"the {self.name} backend cannot merge adapter {path} into the weights: a server applies "
+                "served adapters unmerged, one per request (recipe merged and stacked adapters need model.backend: hf)"
+            )
+        name = served_name(path)
+        served = self._served_models()
+        if name not in served:
+            raise BackendError(
+                f"the endpoint {self.endpoint} serves no adapter named {name} ({path} as it is now; it serves "
+                f"{len(served)} model(s)): start it with the flags `kbench adapters --vllm-flags` prints (docs/models.md)"
+            )
+        self.model_name = name
+
+    def _served_models(self) -> set[str]:
+        """The model names the endpoint lists (GET <base_url>/models)."""
+        import openai
+
+        try:
+            return {model.id for model in self._client.models.list()}
+        except (openai.APIConnectionError, openai.APIStatusError) as exc:
+            raise self._api_error(exc, "to list its models") from None
+
+    def _api_error(self, exc: Exception, refused: str) -> BackendError:
+        """One line for a failed API call: the endpoint unreachable (timeouts included) or what it refused."""
+        import openai
+
+        if isinstance(exc, openai.APIStatusError):
+            return BackendError(f"the endpoint {self.endpoint} refused {refused}: HTTP {exc.status_code} "
+                                f"({type(exc).__name__}); check model.path (the served model's name) and "
+                                f"${self.api_key_env}")
+        return BackendError(f"cannot reach the OpenAI-compatible endpoint {self.endpoint} ({type(exc).__name__}); "
+                            "is the server up at model.base_url?")
+
     def _complete(self, conversation: Conversation, stop: Sequence[str], max_new_tokens: int) -> Generation:
         import openai
 
@@ -81,16 +122,8 @@ class OpenAIBackend(Backend):
                 max_tokens=max_new_tokens,
                 stop=list(stop)[:_MAX_API_STOPS] or None,
             )
-        except openai.APIConnectionError as exc:  # includes timeouts
-            raise BackendError(
-                f"cannot reach the OpenAI-compatible endpoint {self.endpoint} ({type(exc).__name__}); "
-                "is the server up at model.base_url?"
-            ) from None
-        except openai.APIStatusError as exc:
-            raise BackendError(
-                f"the endpoint {self.endpoint} refused the request: HTTP {exc.status_code} "
-                f"({type(exc).__name__}); check model.path (the served model's name) and ${self.api_key_env}"
-            ) from None
+        except (openai.APIConnectionError, openai.APIStatusError) as exc:  # connection errors include timeouts
+            raise self._api_error(exc, "the request") from None
         message = response.choices[0].message
         extra = message.model_extra or {}
         reasoning = next((extra[f] for f in _REASONING_FIELDS if extra.get(f)), None)

@@ -1,11 +1,13 @@
 """Project subcommands: `setup` (the default model folder), `preset` (swap params.yaml),
 `params` (validate and show the design), `calibrate` (Optuna search of injection strength),
-`tracking-server` (an MLflow server) and `sync` (MLflow)."""
+`adapters` (the LoRA adapters a server serves by name), `tracking-server` (an MLflow server)
+and `sync` (MLflow)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import threading
 from pathlib import Path
@@ -20,6 +22,8 @@ from kbench.corpus import load_corpus
 from kbench.design import check_model_present, load_design
 from kbench.parametric import agent_model_config
 from kbench.parametric.calibration import CalibrationInputs, calibrate, write_calibrated
+from kbench.serving.adapters import served_name, vllm_flags
+from kbench.stages.cell import served_adapters
 from kbench.corpus import CORPUS_DIR
 from kbench.stages.index import INDEX_DIR
 
@@ -50,6 +54,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.write:
         write_calibrated(Path(args.params), result["values"])
         print(f"{args.params}: injection.lora {result['values']} (run `dvc repro` to retrain the adapters)")
+    return 0
+
+
+def cmd_adapters(args: argparse.Namespace) -> int:
+    """The LoRA adapters the design's cells deploy, by the names a server serves them under."""
+    params = load_design(args.params)
+    folders = served_adapters(params)
+    if not folders:
+        raise ValueError(f"{args.params}: no cell of the design deploys an adapter (p_recipes without lora "
+                         "and no adapter-free substrate for the LoRA-D control)")
+    if args.vllm_flags:
+        print(shlex.join(vllm_flags(list(folders))))
+        return 0
+    for folder, cells in folders.items():
+        print(f"{served_name(folder)}\t{', '.join(cells)}")
     return 0
 
 
@@ -145,6 +164,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         "--write", action="store_true", help="write the best values into the params file's injection.lora section"
     )
     p.set_defaults(handler=cmd_calibrate)
+
+    p = sub.add_parser("adapters", help="the LoRA adapters the design's cells deploy, by the names a server "
+                       "serves them under (--vllm-flags: `vllm serve`'s flags that serve them)")
+    p.add_argument("--vllm-flags", action="store_true",
+                   help="print `--enable-lora --max-lora-rank R --lora-modules NAME=PATH ...` for `vllm serve`")
+    p.set_defaults(handler=cmd_adapters)
 
     p = sub.add_parser("tracking-server", help="run an MLflow tracking server on 127.0.0.1 (its own SQL store "
                        "and artifact root under the project) until Ctrl-C")

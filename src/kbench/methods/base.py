@@ -114,6 +114,12 @@ class Method:
     def needs_weights(self) -> bool:
         return bool(self.hooks & WEIGHT_HOOKS)
 
+    @classmethod
+    def runs_without_weights(cls, serves_adapters: bool) -> bool:
+        """Whether a backend without weights can deploy it; `serves_adapters`: its server applies
+        LoRA adapters by name (a weight method whose weights are one adapter says yes to that)."""
+        return not (cls.hooks & WEIGHT_HOOKS) and not cls.trains
+
     def fit(self, data: Any) -> Fitted:
         """Learn what the method needs from the adapter pools (`data`, a
         `kbench.methods.fitting.FitData`); called by the fit stage."""
@@ -145,7 +151,7 @@ class Method:
                 f"method {self.name!r} cannot act on substrate {substrate!r}; "
                 f"it acts on {sorted(self.substrates)}"
             )
-        if self.needs_weights and not backend.has_weights:
+        if not backend.has_weights and not self.runs_without_weights(backend.serves_adapters):
             raise MethodError(
                 f"method {self.name!r} uses the {sorted(self.hooks & WEIGHT_HOOKS)} hook(s), which need "
                 f"model weights; the {backend.name} backend has none (use model.backend: hf)"

@@ -224,6 +224,12 @@ class WeightMethod(Method):
         return self.config.retain_weight * kl.mean()
 
     # -- deployment ------------------------------------------------------------------------
+    @classmethod
+    def runs_without_weights(cls, serves_adapters: bool) -> bool:
+        """On recipe lora its weights are one adapter in place of LoRA-T+D, which a server that
+        applies adapters by name can serve; a second adapter of its own (O3) or a hook cannot."""
+        return serves_adapters and cls.hooks <= {"weights"} and not cls.own_adapter
+
     def load_unlearned(self, unlearned: Unlearned) -> None:
         """Take the checked unlearned folder before the cell runs."""
         self.unlearned = unlearned

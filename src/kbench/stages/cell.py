@@ -26,6 +26,7 @@ from kbench.names import (
     ADAPTER_FREE,
     BASELINE_METHOD,
     CONTROL,
+    LORA,
     MERGED,
     P_RECIPES,
     PARAMETRIC,
@@ -302,6 +303,23 @@ def deployment(params: Params, spec: CellSpec, adapter_path: Path | None = None)
     return Deployment(model, adapter_path, unlearned, fitted, fitted_digest)
 
 
+def served_adapters(params: Params) -> dict[Path, list[str]]:
+    """The adapter folders the design's cells deploy on a server that applies adapters by name
+    (P's recipe lora with the methods such a server runs, and the LoRA-D control), each checked
+    as its cell checks it: {folder: the cells (substrate/recipe/method) that ask for it}. Every
+    seed deploys the same adapters."""
+    seed = params.seeds[0]
+    specs = [CellSpec(PARAMETRIC, name, seed, LORA) for name in params.methods
+             if LORA in params.p_recipes and PARAMETRIC in method_class(name).substrates
+             and method_class(name).runs_without_weights(serves_adapters=True)]
+    specs += [CellSpec(substrate, BASELINE_METHOD, seed, CONTROL) for substrate in params.substrates]
+    folders: dict[Path, list[str]] = {}
+    for spec in specs:
+        folder = deployment(params, spec).adapter_path
+        folders.setdefault(folder, []).append(f"{spec.substrate}/{spec.recipe}/{spec.method}")
+    return folders
+
+
 def _unlearned(params: Params, spec: CellSpec, target: Path | None, base_dir: str) -> Unlearned:
     """The checked `unlearn` output a weight method's cell deploys (trained from `target`)."""
     if target is None:
@@ -437,13 +455,14 @@ def main(params: Params, options: Options) -> int:
     --all-methods, every method of the design on the substrate; with --controls, the LoRA-D
     control on every adapter-free substrate and seed."""
     if options.controls:
-        require_weights(params, "LoRA-D control", "loads the distractor adapter into the model's weights")
+        require_weights(params, "LoRA-D control", "loads the distractor adapter into the model's weights", served=True)
         run_controls(params, replace(options, recipe=CONTROL))
         return 0
     if options.substrate is None or options.seed is None:
         raise ValueError("kbench cell needs --substrate and --seed (or --controls)")
     if options.substrate == PARAMETRIC:
-        require_weights(params, f"{PARAMETRIC} cell", "loads the injected adapters into the model's weights")
+        require_weights(params, f"{PARAMETRIC} cell", "loads the injected adapters into the model's weights",
+                        served=True)
         if not cell_recipes(params, options.substrate, options.recipe):
             # p_recipes: [] keeps P out of the design; DVC's cell_p stage still needs its folder
             (options.out_root / f"{PARAMETRIC}__s{options.seed}").mkdir(parents=True, exist_ok=True)
