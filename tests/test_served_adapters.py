@@ -118,9 +118,22 @@ def test_kbench_adapters_prints_the_served_names_and_vllms_flags(trained, kbench
 
 
 def test_a_backend_whose_server_serves_no_adapters_still_refuses_p(tmp_path):
-    params = fast_params(tmp_path).model_copy(update={"p_recipes": []})
-    llama = params.model_copy(update={"model": params.model.model_copy(update={"backend": "llama-cpp"})})
-    with pytest.raises(ParamsError, match="the P cell stage .* llama-cpp backend exposes none and serves no adapters"):
-        require_weights(llama, "P cell", "loads the injected adapters into the model's weights", served=True)
-    with pytest.raises(ParamsError, match="key 'p_recipes': substrate P .* llama-cpp backend exposes none"):
-        check_design(llama.model_copy(update={"p_recipes": ["lora"], "methods": ["none"]}))
+    from kbench.backends.base import _BACKENDS, register_backend
+    from kbench.backends.openai import OpenAIBackend
+
+    @register_backend("one-model-endpoint")
+    class OneModel(OpenAIBackend):
+        serves_adapters = False
+
+    try:
+        params = fast_params(tmp_path).model_copy(update={"p_recipes": []})
+        one = params.model_copy(update={"model": params.model.model_copy(update={"backend": OneModel.name})})
+        with pytest.raises(ParamsError, match="the P cell stage .* one-model-endpoint backend exposes none and "
+                                              "serves no adapters"):
+            require_weights(one, "P cell", "loads the injected adapters into the model's weights", served=True)
+        with pytest.raises(ParamsError, match="key 'p_recipes': substrate P .* one-model-endpoint backend exposes none"):
+            check_design(one.model_copy(update={"p_recipes": ["lora"], "methods": ["none"]}))
+        with pytest.raises(ParamsError, match=r"key 'methods': ga \(weights hook\)"):
+            check_design(one.model_copy(update={"p_recipes": ["lora"], "methods": ["none", "ga"]}))
+    finally:
+        _BACKENDS.remove(OneModel.name)

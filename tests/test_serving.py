@@ -1,7 +1,8 @@
 """llama.cpp's server for real: a model with SmolLM2's tokenizer converted to GGUF by llama.cpp's
 converter, served on 127.0.0.1, answering Mem0's JSON-object requests, running the `mem0` memory system on
 one instance and stopped afterwards; a cell run through the `llama-cpp` backend, which starts its
-own server; a file that is no model and an endpoint that does not answer are one clear error each."""
+own server; P cells through it, each adapter converted to a GGUF LoRA and applied by a server of
+its own; a file that is no model and an endpoint that does not answer are one clear error each."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from kbench.serving import ServingError, check_endpoint, llama_server, to_gguf
 from kbench.stages.memory import endpoint_for
 
 from _agent_fixtures import copy_tokenizer, small_corpus  # noqa: F401  (fixture)
+from _parametric_fixtures import p_corpus, trained_p_design  # noqa: F401  (fixture)
 from test_endpoint_preset import _preset, _write
 
 
@@ -156,6 +158,42 @@ def test_a_cell_runs_through_a_llama_cpp_server_the_backend_starts(default_model
         llama_cpp_backend.stop_servers()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", urllib.parse.urlsplit(base_url).port)) != 0
+
+
+@pytest.mark.slow
+def test_p_cells_run_through_llama_cpp_with_their_adapters(tiny_smol, p_corpus, tmp_path_factory, kbench_root):  # noqa: F811
+    """LoRA-T+D, gold and ga's adapter of `tiny_smol`, trained in-process: each P cell converts its
+    adapter to a GGUF LoRA and asks a server of its own for it by its served name; the adapter
+    changes what the model answers."""
+    from kbench.backends import build_backend
+    from kbench.design import check_design
+    from kbench.serving import served_name
+    from kbench.stages.cell import CellSpec, run_cell_stage
+
+    tmp = tmp_path_factory.mktemp("p-llama")
+    params = trained_p_design(tmp, p_corpus, tiny_smol)
+    on_llama = check_design(params.model_copy(update={"model": params.model.model_copy(
+        update={"backend": LlamaCppBackend.name})}))
+    folders = {"none": tmp / "adapters" / "lora_td", "gold": tmp / "adapters" / "gold",
+               "ga": tmp / "unlearned" / "ga" / "lora"}
+    try:
+        for method in folders:
+            out = run_cell_stage(on_llama, CellSpec("P", method, 0, "lora"), corpus_dir=tmp / "corpus",
+                                 index_dir=None, out_root=kbench_root / "cells", track=False, progress=False)
+            records = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+            assert len(records) == 2 * params.queries.n_per_split and all(r["raw_reply"] for r in records)
+        served = {key[3]: key[4] for key in llama_cpp_backend._servers}
+        assert served == {llama_cpp_backend.ALIAS: None,
+                          **{served_name(folder): str(folder.resolve()) for folder in folders.values()}}
+        base, target = build_backend(on_llama.model), build_backend(on_llama.model)
+        target.load_adapter(str(folders["none"]))
+        questions = [[{"role": "user", "content": f"What is the {field} of {entity.name}?"}]
+                     for entity in list(p_corpus.entities.values())[:4] for field in ("occupation", "email")]
+        replies = [[g.text for g in backend.generate(questions, stop=[], max_new_tokens=12)]
+                   for backend in (base, target)]
+        assert replies[0] != replies[1]
+    finally:
+        llama_cpp_backend.stop_servers()
 
 
 def test_the_llama_cpp_backend_refuses_what_it_cannot_serve(tmp_path):

@@ -6,7 +6,10 @@ llama.cpp's own converter, `kbench.serving.to_gguf`) or a `.gguf` file, served a
 quantized one, say). Every backend of one process over the same file shares one server, on
 this process's compute threads; it is stopped when the process ends, and by the kernel if the
 process is killed. The server keeps no weights this process could edit: what the `openai`
-backend refuses (weight and forward-hook methods, substrate P, the agent base) this one refuses too.
+backend refuses (forward-hook methods, recipe merged, the agent base) this one refuses too. A
+cell's LoRA adapter (substrate P, a weight method's, LoRA-D) is converted to a GGUF LoRA and
+served, applied unmerged, by a server of its own under the adapter's served name
+(`kbench.serving.adapters`); `model.path` must then be the transformers folder it was trained on.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from kbench.backends.base import Backend, BackendError, register_backend
+from kbench.backends.base import BackendError, register_backend
 from kbench.backends.openai import OpenAIBackend
 from kbench.config import ModelConfig
-from kbench.serving import ServingError, llama_server, to_gguf
+from kbench.serving import ServingError, llama_server, served_name, to_gguf
+from kbench.serving.llama_cpp import lora_to_gguf
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,9 @@ ALIAS = "kbench"
 #: model ships none; llama-cpp-python would otherwise fall back to Llama 2's).
 _CHAT_FORMATS = {"gemma3": "gemma"}
 
-_servers: dict[tuple[str, int], str] = {}
+_servers: dict[tuple, str] = {}
+#: The GGUF file of each model folder or adapter this process converted, by resolved path.
+_converted: dict[str, Path] = {}
 _running = contextlib.ExitStack()
 
 
@@ -41,6 +47,7 @@ def stop_servers() -> None:
     """Stop every server this process started (what its exit does anyway)."""
     _running.close()
     _servers.clear()
+    _converted.clear()
 
 
 def _gguf_facts(gguf: Path) -> tuple[int | None, str | None]:
@@ -69,25 +76,40 @@ def _served_file(path: Path) -> Path:
     if not (path / "config.json").is_file():
         raise BackendError(f"model.path {path} is neither a transformers model folder nor a .gguf file; "
                            "the llama-cpp backend serves one of them")
-    scratch = Path(_running.enter_context(tempfile.TemporaryDirectory(prefix="kbench-gguf-")))
-    started = time.perf_counter()
-    gguf = to_gguf(path, scratch / f"{path.name}.gguf")
-    log.info("converted %s to GGUF in %.0f s", path, time.perf_counter() - started)
-    return gguf
+    return _converting(path, to_gguf)
 
 
-def serve(path: str | Path, threads: int, *, n_ctx: int | None = None, alias: str = ALIAS) -> str:
+def _converting(path: Path, convert, *args: Path) -> Path:
+    """`path` converted once per process by `convert(path, *args, out)` into a scratch folder."""
+    key = str(path.resolve())
+    if key not in _converted:
+        scratch = Path(_running.enter_context(tempfile.TemporaryDirectory(prefix="kbench-gguf-")))
+        started = time.perf_counter()
+        _converted[key] = convert(path, *args, scratch / f"{path.name}.gguf")
+        log.info("converted %s to GGUF in %.0f s", path, time.perf_counter() - started)
+    return _converted[key]
+
+
+def serve(path: str | Path, threads: int, *, n_ctx: int | None = None, alias: str = ALIAS,
+          lora: str | Path | None = None) -> str:
     """The API root of this process's llama.cpp server over `path` serving model `alias`, started
-    on first use. `n_ctx` None is the model's trained context; a longer one is reached with YaRN."""
-    key = (str(Path(path).resolve()), threads, n_ctx, alias)
+    on first use. `n_ctx` None is the model's trained context; a longer one is reached with YaRN.
+    `lora`: a peft adapter folder trained on `path` (a transformers folder), applied unmerged."""
+    key = (str(Path(path).resolve()), threads, n_ctx, alias, str(Path(lora).resolve()) if lora else None)
     if key not in _servers:
         if not _servers:  # runs at this process's exit, a pool worker's included (atexit does not)
             multiprocessing.util.Finalize(None, stop_servers, exitpriority=100)
         gguf = _served_file(Path(path))
+        lora_gguf = None
+        if lora is not None:
+            if not (Path(path) / "config.json").is_file():
+                raise BackendError(f"the llama-cpp backend applies LoRA adapter {lora} to the transformers folder "
+                                   f"it was trained on; model.path {path} is a .gguf file")
+            lora_gguf = _converting(Path(lora), lora_to_gguf, Path(path))
         trained, chat_format = _gguf_facts(gguf)
         _servers[key] = _running.enter_context(llama_server(
             gguf, alias=alias, threads=threads, n_ctx=n_ctx or trained or 0, trained_ctx=trained,
-            chat_format=chat_format))
+            chat_format=chat_format, lora=lora_gguf))
     return _servers[key]
 
 
@@ -95,16 +117,23 @@ def serve(path: str | Path, threads: int, *, n_ctx: int | None = None, alias: st
 class LlamaCppBackend(OpenAIBackend):
     has_weights = False
     remote = False
-    #: The server it starts holds one model and no adapters.
-    serves_adapters = False
-    load_adapter = Backend.load_adapter
 
     def __init__(self, config: ModelConfig) -> None:
         if config.base_url:
             raise BackendError("the llama-cpp backend starts its own server: leave model.base_url unset "
                                "(the openai backend talks to a server already running)")
+        self.config = config
+        self._connect(config, self._started(), ALIAS, "local")
+
+    def _started(self, **adapter: str) -> str:
+        """The API root of the process's server over model.path (with `lora`, applied unmerged)."""
         try:
-            base_url = serve(config.path, torch.get_num_threads())
+            return serve(self.config.path, torch.get_num_threads(), **adapter)
         except ServingError as exc:
             raise BackendError(str(exc)) from None
-        self._connect(config, base_url, ALIAS, "local")
+
+    def _serve_adapter(self, path: str) -> str:
+        """A server of its own applies the adapter, under the name an endpoint would serve it."""
+        name = served_name(path)
+        self._connect(self.config, self._started(alias=name, lora=path), name, "local")
+        return name

@@ -82,6 +82,10 @@ class OpenAIBackend(Backend):
                 f"the {self.name} backend cannot merge adapter {path} into the weights: a server applies "
                 "served adapters unmerged, one per request (recipe merged and stacked adapters need model.backend: hf)"
             )
+        self.model_name = self._serve_adapter(path)
+
+    def _serve_adapter(self, path: str) -> str:
+        """The name the endpoint serves the adapter in `path` under, checked against its list."""
         name = served_name(path)
         served = self._served_models()
         if name not in served:
@@ -89,7 +93,7 @@ class OpenAIBackend(Backend):
                 f"the endpoint {self.endpoint} serves no adapter named {name} ({path} as it is now; it serves "
                 f"{len(served)} model(s)): start it with the flags `kbench adapters --vllm-flags` prints (docs/models.md)"
             )
-        self.model_name = name
+        return name
 
     def _served_models(self) -> set[str]:
         """The model names the endpoint lists (GET <base_url>/models)."""
