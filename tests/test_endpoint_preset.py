@@ -76,16 +76,17 @@ def test_a_server_that_applies_adapters_by_name_keeps_p_and_the_one_adapter_weig
 
 
 @pytest.mark.parametrize(
-    ("command", "stage"),
+    ("command", "stage", "change"),
     [
-        (["inject", "--no-track"], "the inject stage"),
-        (["probes", "--no-track"], "the probes stage"),
+        (["inject", "--no-track"], "the inject stage", {}),
+        (["probes", "--no-track"], "the probes stage", {}),
+        (["unlearn", "--no-track"], "the unlearn stage", {"p_recipes": ["lora"], "methods": ["none", "ga"]}),
     ],
 )
-def test_stages_that_need_weights_refuse_an_endpoint_before_any_work(kbench_root, capsys, command, stage):
-    assert main(["--params", _write(kbench_root, _preset()), *command]) == 2
+def test_stages_that_need_weights_refuse_an_endpoint_before_any_work(kbench_root, capsys, command, stage, change):
+    assert main(["--params", _write(kbench_root, _preset(**change)), *command]) == 2
     err = capsys.readouterr().err.strip()
-    assert stage in err and "dvc repro cell" in err and "\n" not in err and "Traceback" not in err
+    assert stage in err and "run it on model.backend: hf" in err and "\n" not in err and "Traceback" not in err
     assert not (kbench_root / "artifacts").exists()
 
 

@@ -128,8 +128,8 @@ def test_a_backend_whose_server_serves_no_adapters_still_refuses_p(tmp_path):
     try:
         params = fast_params(tmp_path).model_copy(update={"p_recipes": []})
         one = params.model_copy(update={"model": params.model.model_copy(update={"backend": OneModel.name})})
-        with pytest.raises(ParamsError, match="the P cell stage .* one-model-endpoint backend exposes none and "
-                                              "serves no adapters"):
+        with pytest.raises(ParamsError, match="the P cell stage .* one-model-endpoint backend exposes none; it "
+                                              "serves no adapters either"):
             require_weights(one, "P cell", "loads the injected adapters into the model's weights", served=True)
         with pytest.raises(ParamsError, match="key 'p_recipes': substrate P .* one-model-endpoint backend exposes none"):
             check_design(one.model_copy(update={"p_recipes": ["lora"], "methods": ["none"]}))

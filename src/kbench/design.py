@@ -116,13 +116,16 @@ def require_weights(params: Params, stage: str, why: str, *, served: bool = Fals
     ParamsError), before any work: `why` says what it does with them. `served`: a backend whose
     server applies the stage's adapters by name will do."""
     backend = params.model.backend
-    if backend_has_weights(backend) or (served and backend_serves_adapters(backend)):
+    serves = backend_serves_adapters(backend)
+    if backend_has_weights(backend) or (served and serves):
         return
-    if served:
-        raise ParamsError(f"the {stage} stage {why}; the {backend} backend exposes none and serves no adapters; "
-                          f"{ENDPOINT_HINT}")
-    raise ParamsError(f"the {stage} stage {why}; the {backend} backend exposes none; "
-                      "an endpoint runs the adapter-free cells only: `dvc repro cell` (docs/models.md)")
+    if serves:
+        tail = f"run it on model.backend: {HF_BACKEND}; the server then applies the adapters by name (docs/models.md)"
+    elif served:
+        tail = f"it serves no adapters either; {ENDPOINT_HINT}"
+    else:
+        tail = "an endpoint runs the adapter-free cells only: `dvc repro cell` (docs/models.md)"
+    raise ParamsError(f"the {stage} stage {why}; the {backend} backend exposes none; {tail}")
 
 
 def check_pools(params: Params) -> None:

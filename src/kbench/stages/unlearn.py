@@ -26,6 +26,7 @@ from kbench import io, tracking
 from kbench.backends.hf import load_model
 from kbench.config import Params
 from kbench.corpus import Corpus, load_corpus
+from kbench.design import require_weights
 from kbench.methods import MethodContext, MethodError, build_method, method_class
 from kbench.methods.unlearning import (
     CONTINUED,
@@ -329,6 +330,8 @@ class Options:
 
 def main(params: Params, options: Options) -> int:
     """Train every weight method of the design on the P target (unlearning.*, method_params.*)."""
+    if weight_methods(params) and params.p_recipes:
+        require_weights(params, "unlearn", "trains the weight methods' adapters on the model's weights")
     runs = None
     if options.run:
         runs = [tuple(run.partition("/")[::2]) for run in options.run]
