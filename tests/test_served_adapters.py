@@ -68,6 +68,9 @@ def test_each_cell_asks_the_server_for_the_adapter_its_cell_deploys(trained, end
     }
     folders = served_adapters(params)
     assert sorted(folders) == sorted(expected.values())
+    # star fits in the `fit` stage, never run here: listing the adapters reads no fitted artifact
+    with_star = served_adapters(params.model_copy(update={"methods": [*params.methods, "star"]}))
+    assert with_star[expected[CellSpec("P", "none", 0, "lora")]] == ["P/lora/none", "P/lora/star"]
     AdapterServer.served = [params.model.path, *(served_name(folder) for folder in folders)]
     on_endpoint = check_design(_on_endpoint(params, endpoint))
     for spec, folder in expected.items():

@@ -286,16 +286,8 @@ class Deployment:
 def deployment(params: Params, spec: CellSpec, adapter_path: Path | None = None) -> Deployment:
     """The model, adapter and method artifacts of `spec`'s cell, each checked (`setup_cell` takes them)."""
     model = agent_model_config(params)
-    if adapter_path is None and spec.recipe != ADAPTER_FREE:
-        adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
+    adapter_path, unlearned = _deployed_adapter(params, spec, model, adapter_path)
     method = method_class(spec.method)
-    unlearned = None
-    if method.trains:
-        unlearned = _unlearned(params, spec, adapter_path, model.path)
-        if unlearned.kind == CONTINUED:  # it replaces LoRA-T+D
-            adapter_path = unlearned.path
-    if adapter_path is not None:
-        check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
     fitted, fitted_digest = None, None
     if method.fits:
         fitted = load_fitted(params, spec.method, model_fingerprint(model))
@@ -303,19 +295,36 @@ def deployment(params: Params, spec: CellSpec, adapter_path: Path | None = None)
     return Deployment(model, adapter_path, unlearned, fitted, fitted_digest)
 
 
+def _deployed_adapter(params: Params, spec: CellSpec, model: ModelConfig,
+                      adapter_path: Path | None = None) -> tuple[Path | None, Unlearned | None]:
+    """The adapter `spec`'s cell loads (None: adapter-free) and a weight method's unlearned
+    output, each checked against the agent's `model`."""
+    if adapter_path is None and spec.recipe != ADAPTER_FREE:
+        adapter_path = cell_adapter(params, spec.substrate, spec.recipe, spec.method)
+    unlearned = None
+    if method_class(spec.method).trains:
+        unlearned = _unlearned(params, spec, adapter_path, model.path)
+        if unlearned.kind == CONTINUED:  # it replaces LoRA-T+D
+            adapter_path = unlearned.path
+    if adapter_path is not None:
+        check_cell_adapter(spec.substrate, spec.recipe, spec.method, adapter_path, model.path)
+    return adapter_path, unlearned
+
+
 def served_adapters(params: Params) -> dict[Path, list[str]]:
     """The adapter folders the design's cells deploy on a server that applies adapters by name
     (P's recipe lora with the methods such a server runs, and the LoRA-D control), each checked
-    as its cell checks it: {folder: the cells (substrate/recipe/method) that ask for it}. Every
-    seed deploys the same adapters."""
+    as its cell checks it (no fitted artifact is read): {folder: the cells (substrate/recipe/method)
+    that ask for it}. Every seed deploys the same adapters."""
     seed = params.seeds[0]
     specs = [CellSpec(PARAMETRIC, name, seed, LORA) for name in params.methods
              if LORA in params.p_recipes and PARAMETRIC in method_class(name).substrates
              and method_class(name).runs_without_weights(serves_adapters=True)]
     specs += [CellSpec(substrate, BASELINE_METHOD, seed, CONTROL) for substrate in params.substrates]
+    model = agent_model_config(params)
     folders: dict[Path, list[str]] = {}
     for spec in specs:
-        folder = deployment(params, spec).adapter_path
+        folder, _ = _deployed_adapter(params, spec, model)
         folders.setdefault(folder, []).append(f"{spec.substrate}/{spec.recipe}/{spec.method}")
     return folders
 
