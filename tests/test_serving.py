@@ -182,9 +182,8 @@ def test_p_cells_run_through_llama_cpp_with_their_adapters(tiny_smol, p_corpus, 
                                  index_dir=None, out_root=kbench_root / "cells", track=False, progress=False)
             records = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
             assert len(records) == 2 * params.queries.n_per_split and all(r["raw_reply"] for r in records)
-        served = {key[3]: key[4] for key in llama_cpp_backend._servers}
-        assert served == {llama_cpp_backend.ALIAS: None,
-                          **{served_name(folder): str(folder.resolve()) for folder in folders.values()}}
+        served = {key[3]: key[4] for key in llama_cpp_backend._servers}  # no base-model server: none asked
+        assert served == {served_name(folder): str(folder.resolve()) for folder in folders.values()}
         base, target = build_backend(on_llama.model), build_backend(on_llama.model)
         target.load_adapter(str(folders["none"]))
         questions = [[{"role": "user", "content": f"What is the {field} of {entity.name}?"}]

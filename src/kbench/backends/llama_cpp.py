@@ -3,13 +3,14 @@ which the backend starts on 127.0.0.1 and then talks to exactly as the `openai` 
 
 `model.path` is a transformers folder (converted once per process to a float32 GGUF by
 llama.cpp's own converter, `kbench.serving.to_gguf`) or a `.gguf` file, served as it is (a
-quantized one, say). Every backend of one process over the same file shares one server, on
-this process's compute threads; it is stopped when the process ends, and by the kernel if the
-process is killed. The server keeps no weights this process could edit: what the `openai`
-backend refuses (forward-hook methods, recipe merged, the agent base) this one refuses too. A
-cell's LoRA adapter (substrate P, a weight method's, LoRA-D) is converted to a GGUF LoRA and
-served, applied unmerged, by a server of its own under the adapter's served name
-(`kbench.serving.adapters`); `model.path` must then be the transformers folder it was trained on.
+quantized one, say). Every backend of one process over the same file shares one server,
+started at its first request, on this process's compute threads; it is stopped when the
+process ends, and by the kernel if the process is killed. The server keeps no weights this
+process could edit: what the `openai` backend refuses (forward-hook methods, recipe merged,
+the agent base) this one refuses too. A cell's LoRA adapter (substrate P, a weight method's,
+LoRA-D) is converted to a GGUF LoRA and served, applied unmerged, by a server of its own under
+the adapter's served name (`kbench.serving.adapters`); `model.path` must then be the
+transformers folder it was trained on.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import logging
 import multiprocessing.util
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from kbench.backends.base import BackendError, register_backend
+from kbench.backends.base import BackendError, Conversation, Generation, Request, register_backend
 from kbench.backends.openai import OpenAIBackend
 from kbench.config import ModelConfig
 from kbench.serving import ServingError, llama_server, served_name, to_gguf
@@ -69,14 +71,19 @@ def _gguf_facts(gguf: Path) -> tuple[int | None, str | None]:
     return (int(trained) if trained else None), chat_format
 
 
-def _served_file(path: Path) -> Path:
-    """`path` as a GGUF file: itself, or its folder converted into a scratch folder of the process."""
+def _check_served(path: Path) -> None:
+    """Refuse, before any server starts, a `path` that is neither a transformers folder nor a readable GGUF."""
     if path.is_file() and path.suffix == ".gguf":
-        return path
-    if not (path / "config.json").is_file():
+        _gguf_facts(path)
+    elif not (path / "config.json").is_file():
         raise BackendError(f"model.path {path} is neither a transformers model folder nor a .gguf file; "
                            "the llama-cpp backend serves one of them")
-    return _converting(path, to_gguf)
+
+
+def _served_file(path: Path) -> Path:
+    """`path` as a GGUF file: itself, or its folder converted into a scratch folder of the process."""
+    _check_served(path)
+    return path if path.suffix == ".gguf" else _converting(path, to_gguf)
 
 
 def _converting(path: Path, convert, *args: Path) -> Path:
@@ -122,8 +129,16 @@ class LlamaCppBackend(OpenAIBackend):
         if config.base_url:
             raise BackendError("the llama-cpp backend starts its own server: leave model.base_url unset "
                                "(the openai backend talks to a server already running)")
+        _check_served(Path(config.path))
         self.config = config
-        self._connect(config, self._started(), ALIAS, "local")
+        self._client = None
+
+    def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
+        """The base model's server starts on the first request: a cell that loads an adapter first
+        (substrate P, LoRA-D, a weight method) only ever talks to the adapter's server."""
+        if self._client is None:
+            self._connect(self.config, self._started(), ALIAS, "local")
+        return super()._generate(conversations, request)
 
     def _started(self, **adapter: str) -> str:
         """The API root of the process's server over model.path (with `lora`, applied unmerged)."""
