@@ -13,6 +13,7 @@ import pytest
 from kbench.backends import backend_names
 from kbench.cli.catalog import KINDS
 from kbench.cli.main import build_parser, main
+from kbench.memory.systems import memory_system_names
 from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
 from kbench.substrates import substrate_names
@@ -49,12 +50,20 @@ def test_list_methods_json_has_every_registered_method_with_its_substrates(capsy
 
 @pytest.mark.parametrize(("kind", "names"), [
     ("substrates", substrate_names()), ("backends", backend_names()), ("probes", list(PROBES)),
+    ("memory-systems", memory_system_names()),
 ])  # fmt: skip
 def test_list_json_names_come_from_the_registries(capsys, kind, names):
     status, out, _ = run(capsys, "list", kind, "--json")
     assert status == 0
     rows = json.loads(out)
     assert [row["name"] for row in rows] == names and all(row["name"] for row in rows)
+
+
+def test_list_memory_systems_says_which_call_an_endpoint(capsys):
+    status, out, _ = run(capsys, "list", "memory-systems", "--json")
+    assert status == 0
+    endpoint = {row["name"]: row["endpoint"] for row in json.loads(out)}
+    assert endpoint["mem0"] is True and endpoint["full-context"] is False and endpoint["reference"] is False
 
 
 def test_list_table_is_aligned_under_a_header(capsys):

@@ -22,6 +22,7 @@ from kbench.cli.project import preset_paths
 from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
 from kbench.forms import form_class, form_names
+from kbench.memory.systems import memory_system_class, memory_system_names
 from kbench.replay.operators import operator_class, operator_names
 from kbench.replay.suites import suite_kind, suite_names
 from kbench.substrates import substrate_class, substrate_names
@@ -96,6 +97,13 @@ def list_suites() -> list[dict[str, Any]]:
     return [{"name": name, "kind": suite_kind(name), "description": describe(name)} for name in suite_names()]
 
 
+def list_memory_systems() -> list[dict[str, Any]]:
+    """The memory lane's systems (`memory.systems`; docs/memory.md), each with whether it makes
+    its own LLM calls to an endpoint (Mem0 does)."""
+    return [{"name": name, "endpoint": memory_system_class(name).needs_endpoint,
+             "description": _summary(memory_system_class(name))} for name in memory_system_names()]
+
+
 def list_forms() -> list[dict[str, Any]]:
     """The query forms of the ladder (`queries.forms`; docs/definitions.md)."""
     return [{"name": name, "asks": form_class(name).title, "adaptive": form_class(name).adaptive}
@@ -124,6 +132,7 @@ KINDS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "backends": list_backends,
     "operators": list_operators,
     "suites": list_suites,
+    "memory-systems": list_memory_systems,
     "forms": list_forms,
 }
 
