@@ -79,6 +79,7 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
     cache, so all branches at once would hold operators x k copies of a whole session's cache."""
     engine, tokenizer = backend.engine, backend.tokenizer  # type: ignore[attr-defined]
     samples: dict[str, dict[str, list[str]]] = {name: {} for name, _ in chosen}
+    started = time.perf_counter()
     for probe, (name, branch) in itertools.product(PROBES, chosen):
         message = Message(role="user", content=plan.probes[probe])
         prompt = encode_prompt(tokenizer, branch.state.conversation(config.max_iters, [message]))
@@ -94,6 +95,9 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
         blocked = branch.policy is not None and branch.policy(branch.state)
         samples[name][probe] = [BLOCKED if blocked else truncate_at_stop(
             tokenizer.decode(tokens, skip_special_tokens=True), [OBSERVATION_PREFIX]).strip() for tokens in outputs]
+        if name == chosen[-1][0]:  # a probe sampled on every branch: a progress line
+            log.info("%s Leak@%d: probe %s sampled on %d operators, %.1f s", plan.session_id, k, probe, len(chosen),
+                     time.perf_counter() - started)
     return samples
 
 
@@ -147,6 +151,7 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
         runtime.run_turns(runs)
         for (name, _), run in zip(chosen, runs):
             outcomes[name].append(run.outcome)
+    log.info("%s: %d turns after the operators run on %d branches", plan.session_id, len(plan.post), len(chosen))
 
     probes: dict[str, dict[str, str]] = {name: {} for name, _ in chosen}
     for probe in PROBES:
