@@ -14,6 +14,7 @@ from kbench.backends import backend_names
 from kbench.cli.catalog import KINDS
 from kbench.cli.main import build_parser, main
 from kbench.memory.systems import memory_system_names
+from kbench.observer.matcher import scoring_rule_names
 from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
 from kbench.substrates import substrate_names
@@ -50,7 +51,7 @@ def test_list_methods_json_has_every_registered_method_with_its_substrates(capsy
 
 @pytest.mark.parametrize(("kind", "names"), [
     ("substrates", substrate_names()), ("backends", backend_names()), ("probes", list(PROBES)),
-    ("memory-systems", memory_system_names()),
+    ("memory-systems", memory_system_names()), ("rules", scoring_rule_names()),
 ])  # fmt: skip
 def test_list_json_names_come_from_the_registries(capsys, kind, names):
     status, out, _ = run(capsys, "list", kind, "--json")

@@ -23,6 +23,7 @@ from kbench.methods import method_class, method_names
 from kbench.probes.summary import PROBES
 from kbench.forms import form_class, form_names
 from kbench.memory.systems import memory_system_class, memory_system_names
+from kbench.observer.matcher import scoring_rule, scoring_rule_names
 from kbench.replay.operators import operator_class, operator_names
 from kbench.replay.suites import suite_kind, suite_names
 from kbench.substrates import substrate_class, substrate_names
@@ -104,6 +105,12 @@ def list_memory_systems() -> list[dict[str, Any]]:
              "description": _summary(memory_system_class(name))} for name in memory_system_names()]
 
 
+def list_rules() -> list[dict[str, Any]]:
+    """The matcher's scoring rules (`scoring.rule`; docs/definitions.md): which surface forms of a
+    ground truth count as a disclosure."""
+    return [{"name": name, "description": scoring_rule(name).description} for name in scoring_rule_names()]
+
+
 def list_forms() -> list[dict[str, Any]]:
     """The query forms of the ladder (`queries.forms`; docs/definitions.md)."""
     return [{"name": name, "asks": form_class(name).title, "adaptive": form_class(name).adaptive}
@@ -134,6 +141,7 @@ KINDS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "suites": list_suites,
     "memory-systems": list_memory_systems,
     "forms": list_forms,
+    "rules": list_rules,
 }
 
 
