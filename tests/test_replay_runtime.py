@@ -402,6 +402,11 @@ def test_the_tau_sweep_fits_b7_falling_and_b5_flat():
     assert sweep_summary("other", scores) is None
     page = render_results(scores, model="m", params_digest="d", sweeps={"s": summary})
     assert "### τ sweep: s" in page and "| 4 | 300 | 600 |" in page
+    table1 = page.split("### Table 1")[1].split("###")[0]
+    assert "s: tokens" in table1 and "@" not in table1  # the configured suite's columns only
+    variants = page.split("### Sweep variants")[1].split("###")[0]
+    assert "| s@tau=4 | B7 | 0.000 | 0.000 | 300 |" in variants and "| s |" not in variants
+    assert len([line for line in variants.splitlines() if line.startswith("| s@")]) == 5 * 3  # variants x operators
 
 
 def test_the_suites_own_run_is_a_point_of_its_sweeps_at_its_tau_and_indep():

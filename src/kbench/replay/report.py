@@ -1,11 +1,12 @@
 """The execution-state lane's results page (`replay.results`, docs/results-replay.md by default),
 written by the `replay` stage from the suites' scores: the paper's Table 1 shape (operators ×
-suites: any leak, CAD, recomputed tokens), its Table 2 shape (Leak@probes), and the exactness
-counts. Pure: scores in, Markdown out."""
+the suites of `replay.suites`: any leak, CAD, recomputed tokens), its Table 2 shape
+(Leak@probes), the sweeps (theirs and, one row per variant and operator, Tables 1 and 2 of
+each variant) and the exactness counts. Pure: scores in, Markdown out."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -85,44 +86,74 @@ def render_no_suites(model: str) -> str:
             "is empty in this design's params.\n")
 
 
-def _table1(scores: Mapping[str, Mapping[str, Any]]) -> Table:
-    suites = list(scores)
+def _configured(scores: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The suites of `replay.suites`; a sweep's variants (`<suite>@<key>=<value>`) are the others."""
+    return [suite for suite in scores if "@" not in suite]
+
+
+def _cost_cells(row: Mapping[str, Any] | None) -> list[str]:
+    return ["-", "-", "-"] if row is None else [fmt_rate(row["any"]), f"{row['cad']:.3f}",
+                                                f"{row['recomputed_tokens']:.0f}"]
+
+
+def _probe_cells(row: Mapping[str, Any] | None, tests: Mapping[str, Any] | None) -> list[str]:
+    if row is None:
+        return ["-", "-", "-", "-"]
+    return [fmt_rate(row["leak_at_probes"]), "-" if row.get("leak_at_k") is None else fmt_rate(row["leak_at_k"]),
+            _p(tests["mcnemar_any"]["p_adj"]) if tests else "-",
+            _p(tests["mcnemar_leak_at_probes"]["p_adj"]) if tests else "-"]
+
+
+def _per_operator(scores: Mapping[str, Mapping[str, Any]], suites: list[str],
+                  cells: Callable[[Mapping[str, Any], str], list[str]]) -> tuple[tuple[str, ...], ...]:
+    """One row per operator that some suite ran: its cells in each suite in turn."""
     rows = []
     for operator in OPERATORS:
-        cells: list[str] = []
-        for suite in suites:
-            row = scores[suite]["operators"].get(operator)
-            cells += ["-", "-", "-"] if row is None else [fmt_rate(row["any"]), f"{row['cad']:.3f}",
-                                                          f"{row['recomputed_tokens']:.0f}"]
-        if any(c != "-" for c in cells):
-            rows.append((operator, *cells))
-    columns = ("Operator", *(f"{s}: {c}" for s in suites for c in ("any", "CAD", "tokens")))
-    return Table("Table 1: leaks and cost", columns, tuple(rows),
-                 "any = exact or action leak; CAD = call-argument distance to B5; tokens = recomputed tokens "
-                 "(the operator's own work). Each cell is a mean over the suite's sessions.")
+        row = [c for suite in suites for c in cells(scores[suite], operator)]
+        if any(c != "-" for c in row):
+            rows.append((operator, *row))
+    return tuple(rows)
+
+
+_COST = ("any", "CAD", "tokens")
+_COST_NOTE = ("any = exact or action leak; CAD = call-argument distance to B5; tokens = recomputed tokens "
+              "(the operator's own work). Each cell is a mean over the suite's sessions.")
+_PROBES = ("Leak@probes", "Leak@k", "p (any)", "p (probes)")
+_PROBES_NOTE = ("Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite); "
+                "Leak@k: some of k replies sampled per kept probe does (- when `replay.leak_at_k` is 0). "
+                "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators.")
+
+
+def _cost(entry: Mapping[str, Any], operator: str) -> list[str]:
+    return _cost_cells(entry["operators"].get(operator))
+
+
+def _probes(entry: Mapping[str, Any], operator: str) -> list[str]:
+    return _probe_cells(entry["operators"].get(operator), (entry.get("tests") or {}).get(operator))
+
+
+def _table1(scores: Mapping[str, Mapping[str, Any]]) -> Table:
+    suites = _configured(scores)
+    return Table("Table 1: leaks and cost", ("Operator", *(f"{s}: {c}" for s in suites for c in _COST)),
+                 _per_operator(scores, suites, _cost), _COST_NOTE)
 
 
 def _table2(scores: Mapping[str, Mapping[str, Any]]) -> Table:
-    suites = list(scores)
-    rows = []
-    for operator in OPERATORS:
-        cells: list[str] = []
-        for suite in suites:
-            row = scores[suite]["operators"].get(operator)
-            tests = (scores[suite].get("tests") or {}).get(operator)
-            if row is None:
-                cells += ["-", "-", "-", "-"]
-                continue
-            cells += [fmt_rate(row["leak_at_probes"]), "-" if row.get("leak_at_k") is None else fmt_rate(row["leak_at_k"]),
-                      _p(tests["mcnemar_any"]["p_adj"]) if tests else "-",
-                      _p(tests["mcnemar_leak_at_probes"]["p_adj"]) if tests else "-"]
-        if any(c != "-" for c in cells):
-            rows.append((operator, *cells))
-    columns = ("Operator", *(f"{s}: {c}" for s in suites for c in ("Leak@probes", "Leak@k", "p (any)", "p (probes)")))
-    return Table("Table 2: probes", columns, tuple(rows),
-                 "Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite); "
-                 "Leak@k: some of k replies sampled per kept probe does (- when `replay.leak_at_k` is 0). "
-                 "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators.")
+    suites = _configured(scores)
+    return Table("Table 2: probes", ("Operator", *(f"{s}: {c}" for s in suites for c in _PROBES)),
+                 _per_operator(scores, suites, _probes), _PROBES_NOTE)
+
+
+def _variants_table(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
+    """Tables 1 and 2 of every sweep variant, one row per (variant, operator): the sweeps' own
+    tables above keep only what each sweep is about."""
+    variants = [suite for suite in scores if "@" in suite]
+    rows = tuple((variant, operator, *_cost(scores[variant], operator), *_probes(scores[variant], operator))
+                 for variant in variants for operator in OPERATORS if operator in scores[variant]["operators"])
+    if not rows:
+        return []
+    return [Table("Sweep variants: leaks, cost and probes", ("Variant", "Operator", *_COST, *_PROBES), rows,
+                  f"The columns of Tables 1 and 2 for each variant a sweep ran. {_COST_NOTE} {_PROBES_NOTE}")]
 
 
 def _channel_tables(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
@@ -196,7 +227,7 @@ def tables(scores: Mapping[str, Mapping[str, Any]], sweeps: Mapping[str, Mapping
     """The lane's tables for `scores` ({suite: `score_suite` output plus `not_entered`}) and the
     sweeps that ran ({suite: `sweep_summary`}): the results page's and the report's."""
     return [_table1(scores), _table2(scores), *_channel_tables(scores), *_sweep_tables(sweeps or {}),
-            _exactness(scores)]
+            *_variants_table(scores), _exactness(scores)]
 
 
 def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str,
