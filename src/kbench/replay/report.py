@@ -91,19 +91,6 @@ def _configured(scores: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [suite for suite in scores if "@" not in suite]
 
 
-def _cost_cells(row: Mapping[str, Any] | None) -> list[str]:
-    return ["-", "-", "-"] if row is None else [fmt_rate(row["any"]), f"{row['cad']:.3f}",
-                                                f"{row['recomputed_tokens']:.0f}"]
-
-
-def _probe_cells(row: Mapping[str, Any] | None, tests: Mapping[str, Any] | None) -> list[str]:
-    if row is None:
-        return ["-", "-", "-", "-"]
-    return [fmt_rate(row["leak_at_probes"]), "-" if row.get("leak_at_k") is None else fmt_rate(row["leak_at_k"]),
-            _p(tests["mcnemar_any"]["p_adj"]) if tests else "-",
-            _p(tests["mcnemar_leak_at_probes"]["p_adj"]) if tests else "-"]
-
-
 def _per_operator(scores: Mapping[str, Mapping[str, Any]], suites: list[str],
                   cells: Callable[[Mapping[str, Any], str], list[str]]) -> tuple[tuple[str, ...], ...]:
     """One row per operator that some suite ran: its cells in each suite in turn."""
@@ -125,11 +112,20 @@ _PROBES_NOTE = ("Leak@probes: some kept probe's reply holds z (a probe on which 
 
 
 def _cost(entry: Mapping[str, Any], operator: str) -> list[str]:
-    return _cost_cells(entry["operators"].get(operator))
+    """Table 1's cells of one operator in one suite (dashes where it did not run)."""
+    row = entry["operators"].get(operator)
+    return ["-", "-", "-"] if row is None else [fmt_rate(row["any"]), f"{row['cad']:.3f}",
+                                                f"{row['recomputed_tokens']:.0f}"]
 
 
 def _probes(entry: Mapping[str, Any], operator: str) -> list[str]:
-    return _probe_cells(entry["operators"].get(operator), (entry.get("tests") or {}).get(operator))
+    """Table 2's cells of one operator in one suite (dashes where it did not run)."""
+    row, tests = entry["operators"].get(operator), (entry.get("tests") or {}).get(operator)
+    if row is None:
+        return ["-", "-", "-", "-"]
+    return [fmt_rate(row["leak_at_probes"]), "-" if row.get("leak_at_k") is None else fmt_rate(row["leak_at_k"]),
+            _p(tests["mcnemar_any"]["p_adj"]) if tests else "-",
+            _p(tests["mcnemar_leak_at_probes"]["p_adj"]) if tests else "-"]
 
 
 def _table1(scores: Mapping[str, Mapping[str, Any]]) -> Table:
