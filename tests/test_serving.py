@@ -185,6 +185,8 @@ def test_p_cells_run_through_llama_cpp_with_their_adapters(tiny_smol, p_corpus, 
         served = {key[3]: key[4] for key in llama_cpp_backend._servers}  # no base-model server: none asked
         assert served == {served_name(folder): str(folder.resolve()) for folder in folders.values()}
         base, target = build_backend(on_llama.model), build_backend(on_llama.model)
+        base.start()  # the base model's server, started on demand (its first request would too)
+        assert {key[3] for key in llama_cpp_backend._servers} - set(served) == {llama_cpp_backend.ALIAS}
         target.load_adapter(str(folders["none"]))
         questions = [[{"role": "user", "content": f"What is the {field} of {entity.name}?"}]
                      for entity in list(p_corpus.entities.values())[:4] for field in ("occupation", "email")]

@@ -133,11 +133,16 @@ class LlamaCppBackend(OpenAIBackend):
         self.config = config
         self._client = None
 
+    def start(self) -> None:
+        """Start the base model's server now, if no server is in use yet (a benchmark times the
+        requests, not the conversion and start)."""
+        if self._client is None:
+            self._connect(self.config, self._started(), ALIAS, "local")
+
     def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
         """The base model's server starts on the first request: a cell that loads an adapter first
         (substrate P, LoRA-D, a weight method) only ever talks to the adapter's server."""
-        if self._client is None:
-            self._connect(self.config, self._started(), ALIAS, "local")
+        self.start()
         return super()._generate(conversations, request)
 
     def _started(self, **adapter: str) -> str:
