@@ -86,9 +86,13 @@ def render_no_suites(model: str) -> str:
             "is empty in this design's params.\n")
 
 
+def _is_variant(label: str) -> bool:
+    """A sweep's variant (`<suite>@<key>=<value>`, `ReplayConfig.variants`), not a suite of `replay.suites`."""
+    return "@" in label
+
+
 def _configured(scores: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The suites of `replay.suites`; a sweep's variants (`<suite>@<key>=<value>`) are the others."""
-    return [suite for suite in scores if "@" not in suite]
+    return [suite for suite in scores if not _is_variant(suite)]
 
 
 def _per_operator(scores: Mapping[str, Mapping[str, Any]], suites: list[str],
@@ -143,7 +147,7 @@ def _table2(scores: Mapping[str, Mapping[str, Any]]) -> Table:
 def _variants_table(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
     """Tables 1 and 2 of every sweep variant, one row per (variant, operator): the sweeps' own
     tables above keep only what each sweep is about."""
-    variants = [suite for suite in scores if "@" in suite]
+    variants = [suite for suite in scores if _is_variant(suite)]
     rows = tuple((variant, operator, *_cost(scores[variant], operator), *_probes(scores[variant], operator))
                  for variant in variants for operator in OPERATORS if operator in scores[variant]["operators"])
     if not rows:

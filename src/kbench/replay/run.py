@@ -98,6 +98,7 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
         if name == chosen[-1][0]:  # a probe sampled on every branch: a progress line
             log.info("%s Leak@%d: probe %s sampled on %d operators, %.1f s", plan.session_id, k, probe, len(chosen),
                      time.perf_counter() - started)
+            started = time.perf_counter()
     return samples
 
 
