@@ -54,9 +54,9 @@ run: setup
 	@echo "Runs and traces: .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  (then open http://127.0.0.1:5000)"
 
 # presets/cpu-full.yaml on both model families, into one MLflow experiment: Gemma 3 270M's design
-# first, then SmolLM2's, whose report reads both (docs/comparison.md, "Across base models"). A
-# second `make cpu-full` reruns each model's persisted stages (unlearn and after; DVC's run cache
-# skips them). params.yaml ends on cpu-full; an edited one stops it.
+# first, then SmolLM2's, whose report reads both (docs/comparison.md, "Across base models"). Each
+# model writes to its own folders, so a second `make cpu-full` resumes each model's finished stages.
+# params.yaml ends on cpu-full; an edited one stops it.
 cpu-full: setup
 	.venv/bin/kbench preset cpu-full-gemma
 	.venv/bin/dvc repro

@@ -11,7 +11,7 @@ from dvc.utils.serialize import modify_yaml
 
 from kbench.cli.main import main
 from kbench.config import ParamsError, load_params, parse_params
-from kbench.design import check_design, load_design
+from kbench.design import check_design, design_digest, load_design
 
 from conftest import REPO
 
@@ -67,18 +67,63 @@ def test_presets_set_every_key_and_the_same_keys():
     assert _keys(_fields(load_params(REPO / "presets/cpu.yaml"))) == _keys(cpu)
 
 
-@pytest.mark.parametrize(("smol", "gemma", "suffix"), [("cpu", "cpu-gemma", ""), ("cpu-full", "cpu-full-gemma", "cpu-full-")])
+#: Where a design's model-dependent outputs go; the Gemma presets move each under artifacts/gemma3-270m/.
+#: Not agent_base.out_dir: it is in the design digest, by which a report finds the other model's
+#: cells, and its stage persists nothing, so DVC's run cache restores it when the model switches back.
+OUTPUT_DIRS = {"injection": ("out_dir",), "fit": ("out_dir",), "unlearning": ("out_dir",),
+               "probes": ("out_dir",), "cells": ("out_dir", "controls_dir"), "replay": ("out_dir",),
+               "memory": ("out_dir",)}
+GEMMA_PAIRS = [("cpu", "cpu-gemma", ""), ("cpu-full", "cpu-full-gemma", "cpu-full-")]
+
+
+@pytest.mark.parametrize(("smol", "gemma", "suffix"), GEMMA_PAIRS)
 def test_a_gemma_preset_is_its_design_on_the_second_family(smol, gemma, suffix):
-    """Only the model, the results pages and the other model read beside differ."""
+    """Only the model, the results pages, the other model read beside and the output folders differ."""
     cpu, other = (load_design(REPO / f"presets/{name}.yaml") for name in (smol, gemma))
     assert other.model.path == "models/gemma3-270m"
     pages = {"report": {"results": f"docs/results-{suffix}gemma.md", "models": ["models/smollm2-135m-instruct"]},
              "replay": {"results": f"docs/results-replay-{suffix}gemma.md"},
              "memory": {"results": f"docs/results-memory-{suffix}gemma.md"}}
-    for section, values in pages.items():
-        assert getattr(other, section).model_dump(include=set(values)) == values
+    for section, folders in OUTPUT_DIRS.items():
+        moved = {key: getattr(getattr(cpu, section), key).replace("artifacts/", "artifacts/gemma3-270m/", 1)
+                 for key in folders}
+        pages[section] = {**pages.get(section, {}), **moved}
+    pages["injection"]["calibration"] = cpu.injection.calibration.model_copy(
+        update={"study_dir": "artifacts/gemma3-270m/calibration"})
     same = {section: getattr(cpu, section).model_copy(update=values) for section, values in pages.items()}
     assert other == cpu.model_copy(update={**same, "model": cpu.model.model_copy(update={"path": other.model.path})})
+    # the design on the other model, as a report reading both models' cells (report.models) looks for it
+    assert design_digest(cpu.model_copy(update={"model": other.model})) == design_digest(other)
+
+
+@pytest.mark.parametrize(("smol", "gemma", "suffix"), GEMMA_PAIRS)
+def test_each_model_of_a_pair_writes_every_model_dependent_output_to_its_own_folder(smol, gemma, suffix):
+    """Switching back to a model resumes its persisted stages from its own outputs: no stage that
+    reads the model writes where the other model's run of the pair writes (compare re-reads MLflow;
+    agent_base: OUTPUT_DIRS)."""
+    presets = [yaml.safe_load((REPO / f"presets/{name}.yaml").read_text()) for name in (smol, gemma)]
+
+    def resolved(path, params):
+        return re.sub(r"\$\{([a-z_.]+)\}", lambda m: str(_lookup(params, m.group(1))), path)
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    checked = 0
+    for name, stage in stages.items():
+        if "model" not in stage.get("params", []) or name in ("compare", "agent_base"):
+            continue
+        for out in stage["outs"]:
+            path = next(iter(out)) if isinstance(out, dict) else out
+            path = path.replace("${item.", "{item.")  # a matrix stage: one folder per item under the param's
+            smol_path, gemma_path = (resolved(path, params) for params in presets)
+            assert smol_path != gemma_path and not gemma_path.startswith(smol_path + "/"), (name, path)
+            checked += 1
+    assert checked >= 9
+
+
+def _lookup(data, key):
+    for part in key.split("."):
+        data = data[part]
+    return data
 
 
 def test_make_cpu_full_runs_both_families_gemma_first_so_the_cpu_full_report_reads_both():

@@ -101,6 +101,42 @@ def test_only_a_source_under_data_is_watched_by_dvc(kbench_root):
     assert not watched_by_dvc("data-old/mine")
 
 
+def _tiny_design(root: Path, model: Path, **changes) -> dict:
+    """params.yaml of a one-cell design (C, the baseline, 20 people) on `model`."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params.update(substrates=["C"], methods=["none"], p_recipes=[], **changes)
+    params["corpus"]["n_entities"] = 20
+    params["agent_base"]["enabled"] = False
+    params["model"]["path"] = str(model)
+    params["agent"].update(max_iters=1, max_new_tokens=8, summary_max_new_tokens=8)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return params
+
+
+@pytest.mark.slow
+def test_switching_back_to_a_model_with_its_own_cells_folder_keeps_its_cells(
+        kbench_root, tiny_model_dir, tmp_path_factory):  # noqa: F811
+    """Two models, each writing its cells to its own `cells.out_dir` (as the Gemma presets do):
+    after the other model's run, switching back reruns the persisted cell stage (DVC's run cache
+    skips persisted stages), which finds its traces made from the same inputs and keeps them."""
+    root = _project(kbench_root)
+    other = tmp_path_factory.mktemp("other") / "model"
+    shutil.copytree(tiny_model_dir, other)  # the same weights under another path: another design
+    _tiny_design(root, tiny_model_dir)
+    _dvc(root, "repro", "cell")
+    traces = root / "artifacts/cells/C__s0/none/none/traces.jsonl"
+    first = (traces.read_bytes(), traces.stat().st_mtime_ns)
+
+    _tiny_design(root, other, cells={"out_dir": "artifacts/other/cells", "controls_dir": "artifacts/other/controls"})
+    _dvc(root, "repro", "cell")
+    assert (root / "artifacts/other/cells/C__s0/none/none/traces.jsonl").exists()
+
+    _tiny_design(root, tiny_model_dir)
+    again = _dvc(root, "repro", "cell")
+    assert "Running stage 'cell@C-0'" in again  # persisted: DVC reruns it, the stage resumes
+    assert (traces.read_bytes(), traces.stat().st_mtime_ns) == first
+
+
 def _git_commit(root: Path, message: str) -> None:
     subprocess.run(["git", "add", "-A"], cwd=root, check=True)
     subprocess.run(["git", "commit", "-q", "-m", message], cwd=root, check=True)

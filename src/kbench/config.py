@@ -343,6 +343,15 @@ class ScoringConfig(_Section):
     tv_exempt_pairs: tuple[tuple[str, str], ...] = ((TEXT_RETRIEVAL, STRUCT_RETRIEVAL),)
 
 
+class CellsConfig(_Section):
+    """Where the cell stages write (`cell`, `cell_p`, `controls`); nothing here changes a result."""
+
+    #: One folder per substrate, method and seed under it (traces.jsonl, metrics.json, inputs.json).
+    out_dir: str = "artifacts/cells"
+    #: The LoRA-D degeneration controls' cells (stage `controls`), in the same layout.
+    controls_dir: str = "artifacts/controls"
+
+
 class FitConfig(_Section):
     """The `fit` stage: what methods learn from the adapter pools (docs/methods.md)."""
 
@@ -607,6 +616,7 @@ class Params(_Section):
     #: defaults: the design check fills each method's section from its `Config`
     #: (`kbench.methods.resolve_methods`), so `kbench params --show` prints every key.
     method_params: dict[str, dict[str, Any]] = {}
+    cells: CellsConfig = CellsConfig()
     fit: FitConfig = FitConfig()
     unlearning: UnlearningConfig = UnlearningConfig()
     probes: ProbesConfig = ProbesConfig()

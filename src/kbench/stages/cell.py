@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 COMMAND = "cell"
 HELP = "run one cell (substrate x recipe x method x seed) and score it"
-CELLS_DIR = Path("artifacts/cells")
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.json"
 #: Fingerprint of everything that shapes a trajectory; traces made under another are stale.
@@ -209,11 +208,13 @@ def run_cell_stage(
     corpus_dir: Path,
     index_dir: Path | None,
     adapter_path: Path | None = None,
-    out_root: Path = CELLS_DIR,
+    out_root: Path | None = None,
     track: bool = True,
     progress: bool = True,
 ) -> Path:
-    """Run (or resume) one cell and record it; returns the cell's output folder."""
+    """Run (or resume) one cell and record it (under `out_root`, default `cells.out_dir`);
+    returns the cell's output folder."""
+    out_root = Path(params.cells.out_dir) if out_root is None else out_root
     deployed = deployment(params, spec, adapter_path)
     model, adapter_path, unlearned, fitted = deployed.model, deployed.adapter_path, deployed.unlearned, deployed.fitted
     method = method_class(spec.method)
@@ -374,8 +375,9 @@ class Options:
     corpus: Path = corpus_option()
     #: R-text's index.
     index: Path = option(INDEX_DIR, "R-text index folder")
-    #: Where the cell folders are written.
-    out_root: Path = option(CELLS_DIR, "cells folder")
+    #: Where the cell folders are written (None: `cells.out_dir`, with --controls `cells.controls_dir`).
+    out_root: Path | None = option(None, "cells folder (default: the params' cells.out_dir, with --controls "
+                                   "cells.controls_dir)")
     #: Record each cell as an MLflow run.
     track: bool = track_option()
 
@@ -463,6 +465,9 @@ def main(params: Params, options: Options) -> int:
     """One cell (or, on P without --recipe, one per `p_recipes`): run, score, record; with
     --all-methods, every method of the design on the substrate; with --controls, the LoRA-D
     control on every adapter-free substrate and seed."""
+    if options.out_root is None:
+        folder = params.cells.controls_dir if options.controls else params.cells.out_dir
+        options = replace(options, out_root=Path(folder))
     if options.controls:
         require_weights(params, "LoRA-D control", "loads the distractor adapter into the model's weights", served=True)
         run_controls(params, replace(options, recipe=CONTROL))
