@@ -89,3 +89,19 @@ def test_stage_outputs_are_rebuilt_in_a_fresh_store(kbench_root, monkeypatch):
     assert rebuilt.data.metrics["n_entities"] == 250
     manifest = json.loads((kbench_root / "artifacts/corpus/run.json").read_text())
     assert manifest["kind"] == "corpus"
+
+
+def test_an_output_of_another_base_model_is_synced_without_these_params(kbench_root):
+    """A folder the other model's params wrote (the Gemma presets' artifacts/gemma3-270m/) keeps
+    its own tags when synced, and is not labelled with params it was not made under."""
+    params = Params()
+    for name, model in (("own", params.base_model), ("other", "gemma3-270m")):
+        folder = kbench_root / "artifacts" / name
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text("{}")
+        tracking.write_manifest(folder, "fit", f"{model}/eco", {tracking.TAG_BASE_MODEL: model}, {}, None, None)
+    tracking.sync_outputs(params, [kbench_root / "artifacts"])
+    runs = {run.data.tags[tracking.TAG_BASE_MODEL]: run for run in _runs(params, "fit")}
+    assert runs[params.base_model].data.params["corpus.n_entities"] == "250"
+    assert runs["gemma3-270m"].data.params == {}
+    assert runs["gemma3-270m"].data.tags["kbench.key"] == "gemma3-270m/eco"

@@ -213,8 +213,10 @@ def start_run(
     params: Params, kind: str, key: str, *, tags: Mapping[str, str] | None = None,
     run_name: str | None = None, nested: bool = False,
     stopped_by: tuple[type[BaseException], ...] = (),
+    log_params: bool = True,
 ) -> Iterator[Any]:
-    """An MLflow run tagged with kind, key and commit, with params.yaml logged (flattened).
+    """An MLflow run tagged with kind, key and commit, with params.yaml logged (flattened) unless
+    `log_params` is false.
 
     An exception of a `stopped_by` type (an expected early stop, such as Optuna's TrialPruned)
     ends the run KILLED and propagates; any other exception ends it FAILED, as MLflow does.
@@ -225,7 +227,7 @@ def start_run(
     all_tags = {TAG_KIND: kind, TAG_KEY: key, TAG_COMMIT: git_commit(), **(tags or {})}
     stopped = None
     with mlflow.start_run(run_name=run_name or f"{kind}:{key}", tags=all_tags, nested=nested) as run:
-        if not nested:
+        if not nested and log_params:
             flat = flatten(params.model_dump())
             items = list(flat.items())
             for start in range(0, len(items), 100):
@@ -260,7 +262,9 @@ def write_manifest(
 def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -> str:
     """Log a stage output folder (its manifest, metrics and files) as one run; return its id.
 
-    Idempotent: a run with the same kind, key and output hash is reused, not duplicated.
+    Idempotent: a run with the same kind, key and output hash is reused, not duplicated. An
+    output of another base model (its manifest's tag; synced from that model's own folders) is
+    logged without `params`, which are not the ones it was made under.
     """
     import mlflow
 
@@ -271,7 +275,8 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
     if existing:
         return existing
     tags = {**manifest["tags"], TAG_OUTPUT_HASH: digest}
-    with start_run(params, manifest["kind"], manifest["key"], tags=tags) as run:
+    own = manifest["tags"].get(TAG_BASE_MODEL, params.base_model) == params.base_model
+    with start_run(params, manifest["kind"], manifest["key"], tags=tags, log_params=own) as run:
         numeric = {k: float(v) for k, v in manifest["metrics"].items() if v is not None}
         if numeric:
             mlflow.log_metrics(numeric)
