@@ -208,13 +208,11 @@ def run_cell_stage(
     corpus_dir: Path,
     index_dir: Path | None,
     adapter_path: Path | None = None,
-    out_root: Path | None = None,
+    out_root: Path,
     track: bool = True,
     progress: bool = True,
 ) -> Path:
-    """Run (or resume) one cell and record it (under `out_root`, default `cells.out_dir`);
-    returns the cell's output folder."""
-    out_root = Path(params.cells.out_dir) if out_root is None else out_root
+    """Run (or resume) one cell and record it under `out_root`; returns the cell's output folder."""
     deployed = deployment(params, spec, adapter_path)
     model, adapter_path, unlearned, fitted = deployed.model, deployed.adapter_path, deployed.unlearned, deployed.fitted
     method = method_class(spec.method)
