@@ -207,8 +207,8 @@ def run_cell_stage(
     *,
     corpus_dir: Path,
     index_dir: Path | None,
-    adapter_path: Path | None = None,
     out_root: Path,
+    adapter_path: Path | None = None,
     track: bool = True,
     progress: bool = True,
 ) -> Path:
