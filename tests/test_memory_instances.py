@@ -18,7 +18,7 @@ from kbench.memory.instances import (
     write_instances,
 )
 from kbench.memory.records import AR, ATTACKS, FE, PR, RA, REQUEST_TYPES, RLA
-from kbench.memory.scoring import score_records
+from kbench.memory.scoring import score_items
 
 from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
 
@@ -81,7 +81,7 @@ def test_probes_become_item_records_the_scorer_reads(small_corpus):  # noqa: F81
     instances = _instances(small_corpus)
     records = [p.item(i, system, reply(p)) for i in instances for p in i.probes
                for system, reply in (("exact", _exact_forgetter), ("never", _never_forgets))]
-    scores = score_records(records, resamples=50)
+    scores = score_items(records, resamples=50)
     exact, never = scores["exact"].metrics, scores["never"].metrics
     assert {m: exact[m].value for m in ("RA", "FE", "PR", "RLA", "AR", "RPR")} == dict.fromkeys(
         ("RA", "FE", "PR", "RLA", "AR", "RPR"), 1.0)

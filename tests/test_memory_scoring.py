@@ -16,10 +16,10 @@ from kbench.memory import (
     ItemRecord,
     MemoryItemFormatError,
     boolean_leak,
-    judge_items,
+    match_items,
     read_items,
     resample_counts,
-    score_items,
+    score_matched,
     validate_item,
     write_items,
 )
@@ -48,7 +48,7 @@ def records(*dicts: dict) -> list[ItemRecord]:
 
 def judged(*dicts: dict) -> dict[tuple[str, str], bool]:
     """(suite, probe_id) -> correct, for the items of the records."""
-    return {(item.suite, item.probe_id): item.correct for item in judge_items(records(*dicts))}
+    return {(item.suite, item.probe_id): item.correct for item in match_items(records(*dicts))}
 
 
 def fe_pair(retention_reply: str, efficacy_reply: str) -> list[dict]:
@@ -158,7 +158,7 @@ def test_rla_gives_the_new_value():
 ])  # fmt: skip
 def test_a_probe_without_its_twin_is_an_error(dicts, message):
     with pytest.raises(ValueError, match=message):
-        judge_items(records(*dicts))
+        match_items(records(*dicts))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -189,17 +189,17 @@ def test_rpr_passes_a_request_only_with_all_its_items_and_its_instances_preserva
         item("FE", True, request="r2"), item("AR", False, request="r2"),
         item("RA", False, request="r1"),  # RA is not one of a request's pass conditions
     ]
-    assert score_items(base + [item("PR", True)], resamples=10)["sys"].metrics["RPR"].value == 0.5
+    assert score_matched(base + [item("PR", True)], resamples=10)["sys"].metrics["RPR"].value == 0.5
     # One failed preservation item fails every request of its instance.
-    assert score_items(base + [item("PR", True), item("PR", False)], resamples=10)["sys"].metrics["RPR"].value == 0.0
+    assert score_matched(base + [item("PR", True), item("PR", False)], resamples=10)["sys"].metrics["RPR"].value == 0.0
     # Another instance's preservation is not this instance's.
     other = [item("FE", True, instance="i2", request="r9"), item("PR", False, instance="i2")]
-    metrics = score_items(base + [item("PR", True)] + other, resamples=10)["sys"].metrics
+    metrics = score_matched(base + [item("PR", True)] + other, resamples=10)["sys"].metrics
     assert metrics["RPR"].value == pytest.approx(1 / 3) and metrics["RPR"].n == 3
 
 
 def test_a_request_with_retention_items_only_is_not_counted():
-    metrics = score_items([item("RA", True, request="r1"), item("AR", True, request="r2")], resamples=10)["sys"].metrics
+    metrics = score_matched([item("RA", True, request="r1"), item("AR", True, request="r2")], resamples=10)["sys"].metrics
     assert metrics["RPR"].value == 1.0 and metrics["RPR"].n == 1
 
 
@@ -212,7 +212,7 @@ def test_score_is_the_mean_of_fa_times_ug_over_instances_with_both():
         # i3: UG items only, no FA: left out of the Score, but its item counts in PR.
         item("PR", False, instance="i3"),
     ]
-    metrics = score_items(items, resamples=50)["sys"].metrics
+    metrics = score_matched(items, resamples=50)["sys"].metrics
     assert metrics["Score"].value == pytest.approx((4 / 9 + 1 / 2) / 2)
     assert metrics["Score"].n == 2
     assert metrics["PR"].value == pytest.approx(1 / 3)  # a rate is a mean over items, every instance's
@@ -223,7 +223,7 @@ def test_breakdowns_by_request_type_attack_and_tier():
     items = [item("FE", True, request_type="F2"), item("FE", False, request_type="F4", request="r2"),
              item("AR", True, attack="boolean"), item("AR", False, attack="jailbreak"),
              item("FE", False, instance="i2", request_type="F2")]
-    scores = score_items(items, {("sys", "i1"): "short", ("sys", "i2"): "long"}, resamples=20)["sys"]
+    scores = score_matched(items, {("sys", "i1"): "short", ("sys", "i2"): "long"}, resamples=20)["sys"]
     assert scores.fe_by_request_type["F2"].value == 0.5 and scores.fe_by_request_type["F2"].n == 2
     assert scores.fe_by_request_type["F4"].value == 0.0
     assert scores.fe_by_request_type["F1"].value is None and scores.fe_by_request_type["F1"].n == 0
@@ -239,7 +239,7 @@ def test_the_bootstrap_resamples_instances_not_items():
     # can only give 1 (i1 twice), 0 (i2 twice) or 0.1, so the 95% interval spans [0, 1];
     # resampling the ten items would give an interval near [0, 0.3].
     items = [item("RA", True)] + [item("RA", False, instance="i2") for _ in range(9)]
-    ra = score_items(items, resamples=1000, seed=3)["sys"].metrics["RA"]
+    ra = score_matched(items, resamples=1000, seed=3)["sys"].metrics["RA"]
     assert ra.value == pytest.approx(0.1) and ra.n == 10
     assert ra.ci == (0.0, 1.0)
 
@@ -257,16 +257,16 @@ def mixed_items(instances: int = 12) -> list[Item]:
 
 
 def test_the_bootstrap_is_seeded():
-    first = score_items(mixed_items(), resamples=200, seed=5)["sys"].metrics
-    assert first == score_items(mixed_items(), resamples=200, seed=5)["sys"].metrics
-    other = score_items(mixed_items(), resamples=200, seed=6)["sys"].metrics
+    first = score_matched(mixed_items(), resamples=200, seed=5)["sys"].metrics
+    assert first == score_matched(mixed_items(), resamples=200, seed=5)["sys"].metrics
+    other = score_matched(mixed_items(), resamples=200, seed=6)["sys"].metrics
     assert [first[m].value for m in METRICS] == [other[m].value for m in METRICS]
     assert [first[m].ci for m in METRICS] != [other[m].ci for m in METRICS]
 
 
 def test_systems_are_scored_apart():
     items = [item("RA", True, system="a"), item("RA", False, system="b")]
-    scores = score_items(items, resamples=10)
+    scores = score_matched(items, resamples=10)
     assert list(scores) == ["a", "b"]
     assert scores["a"].metrics["RA"].value == 1.0 and scores["b"].metrics["RA"].value == 0.0
 

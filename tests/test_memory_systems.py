@@ -14,7 +14,7 @@ from kbench.backends import Backend, Conversation, Generation
 from kbench.backends.base import Request
 from kbench.memory.instances import make_instances
 from kbench.memory.records import SUITES
-from kbench.memory.scoring import score_records
+from kbench.memory.scoring import score_items
 from kbench.memory.systems import MemorySystemError, memory_system_class, memory_system_names, run_instance
 from kbench.memory.systems.fact_store import FactStore
 
@@ -68,7 +68,7 @@ def test_every_system_answers_every_probe_and_is_scored(small_corpus, name):  # 
     items, failures = run.items, run.failures
     assert len(items) == len(instance.probes) and {i.system for i in items} == {name}
     assert failures == 0
-    scores = score_records(items)[name]
+    scores = score_items(items)[name]
     assert set(SUITES) <= set(scores.metrics)
     assert scores.metrics["RA"].value > 0.5  # the control version's facts are answered
 
@@ -134,8 +134,8 @@ def test_the_counterfactual_dialogue_drops_exactly_the_requested_facts(small_cor
 def test_the_reference_forgets_what_was_asked_and_keeps_the_rest(small_corpus):  # noqa: F811
     (instance,) = make_instances(small_corpus, per_tier={"short": 1}, seed=0, reference_date=date(2026, 11, 30))
     backend = EchoBackend()
-    scores = score_records(run_instance(lambda: memory_system_class("reference")(backend), instance).items)
-    full = score_records(run_instance(lambda: memory_system_class("full-context")(backend), instance).items)
+    scores = score_items(run_instance(lambda: memory_system_class("reference")(backend), instance).items)
+    full = score_items(run_instance(lambda: memory_system_class("full-context")(backend), instance).items)
     assert scores["reference"].metrics["PR"].value == 1.0
     assert scores["reference"].metrics["FE"].value > full["full-context"].metrics["FE"].value
 

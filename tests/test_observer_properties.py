@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kbench.config import ScoringConfig
 from kbench.observer.matcher import date_variants, match, raw_variants
-from kbench.observer.metrics import score_queries, score_records
+from kbench.observer.metrics import score_queries, score_traces
 from kbench.records import FIELDS
 from kbench.observer.verdicts import VERDICTS, CellQuartet, compare_cells
 
@@ -61,7 +61,7 @@ def cells(draw, split="forget", method="none", min_size=1):
 @settings(max_examples=80, deadline=None)
 @given(cells())
 def test_cell_invariants(cell):
-    m = score_records(cell, FAST)
+    m = score_traces(cell, FAST)
     for channel, cer in m.cer.items():
         if cer is not None:
             assert cer * m.n_observed[channel] / m.n <= m.or_all + 1e-12

@@ -25,7 +25,7 @@ from kbench.replay.environment import WITHHELD
 from kbench.replay.records import OPERATORS
 from kbench.replay.run import run_session
 from kbench.replay.runtime import SUMMARY_REQUEST
-from kbench.replay.scoring import score_records
+from kbench.replay.scoring import score_sessions
 
 import test_replay_runtime as scripted_session
 from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
@@ -150,5 +150,5 @@ def test_a_session_on_the_ground_truth_agent(small_corpus, tiny_model_dir, monke
     assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256
     assert by["B1"].final_state_sha256 == by["B0"].final_state_sha256
     assert by["B7"].transitions == plan.T - plan.tau + 1
-    scores = score_records(result.records)[SUITE]
+    scores = score_sessions(result.records)[SUITE]
     assert scores["operators"]["B5"]["exact"] == 0.0

@@ -24,7 +24,7 @@ from kbench.replay.operators import OperatorError, build_operator, operator_name
 from kbench.replay.records import OPERATORS
 from kbench.replay.run import TargetNeverEntered, run_session
 from kbench.replay.runtime import BLOCKED, SUMMARY_REQUEST
-from kbench.replay.scoring import score_records
+from kbench.replay.scoring import score_sessions
 
 from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 
@@ -136,7 +136,7 @@ def test_the_papers_claims_hold_on_the_scripted_agent(scripted, small_corpus, ki
     assert 0 < by["B7"].recomputed_tokens < by["B5"].recomputed_tokens
     assert 0 < by["B5'"].recomputed_tokens < by["B5"].recomputed_tokens
     assert by["B0"].transitions == by["B0"].recomputed_tokens == 0
-    scores = score_records(result.records)[plan.suite]
+    scores = score_sessions(result.records)[plan.suite]
     ops = scores["operators"]
     assert ops["B0"]["exact"] == 1.0 and ops["B5"]["exact"] == 0.0 and ops["B7"]["any"] == 0.0
     assert ops["B8"]["exact"] == 0.0  # every sink of a tainted prompt is blocked ...
@@ -159,7 +159,7 @@ def test_with_a_checkpoint_at_the_start_only_b7_replays_every_turn_and_still_equ
     by = {r.operator: r for r in sparse.records}
     assert by["B7"].transitions == plan.T and by["B7"].final_state_sha256 == by["B5"].final_state_sha256
     assert by["B7"].recomputed_tokens == by["B5"].recomputed_tokens
-    assert score_records(sparse.records)[plan.suite]["operators"]["B7"]["any"] == 0.0
+    assert score_sessions(sparse.records)[plan.suite]["operators"]["B7"]["any"] == 0.0
     replayed = {r.operator: r for r in dense.records}["B7"]
     assert replayed.transitions == plan.T - plan.tau + 1 < plan.T
     assert replayed.recomputed_tokens < by["B7"].recomputed_tokens
@@ -170,7 +170,7 @@ def test_with_a_checkpoint_at_the_start_only_b7_replays_every_turn_and_still_equ
 def test_b4_and_b6_remove_z_from_the_prompt_and_b3_keeps_what_was_derived(scripted, small_corpus):  # noqa: F811
     plan, result = _run(scripted, small_corpus, "tool")
     by = {r.operator: r for r in result.records}
-    ops = score_records(result.records)[plan.suite]["operators"]
+    ops = score_sessions(result.records)[plan.suite]["operators"]
     assert ops["B4"]["exact"] == 0.0 and ops["B6"]["exact"] == 0.0
     assert by["B3"].recomputed_tokens > 0 and by["B6"].recomputed_tokens > 0
 

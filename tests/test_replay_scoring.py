@@ -20,7 +20,7 @@ from kbench.replay import (
     exact_leak,
     kept_probes,
     read_sessions,
-    score_records,
+    score_sessions,
     turn_cad,
     write_sessions,
 )
@@ -117,7 +117,7 @@ def test_a_probe_the_full_reset_leaks_is_dropped():
 
 
 def test_the_suite_scores():
-    scores = score_records(suite_records())["kbench-sessions"]
+    scores = score_sessions(suite_records())["kbench-sessions"]
     assert scores["valid"] and scores["sessions"] == 4
     b0, b1, b5, b7 = (scores["operators"][o] for o in ("B0", "B1", "B5", "B7"))
     assert (b0["exact"], b0["action"], b0["any"], b0["leak_at_probes"]) == (1.0, 1.0, 1.0, 1.0)
@@ -137,7 +137,7 @@ def test_the_suite_scores():
 
 
 def test_a_suite_whose_b0_never_leaks_is_invalid_and_untested():
-    scores = score_records(suite_records("quiet", b0_leaks=False) + suite_records())
+    scores = score_sessions(suite_records("quiet", b0_leaks=False) + suite_records())
     assert list(scores) == ["kbench-sessions", "quiet"]
     assert not scores["quiet"]["valid"] and scores["quiet"]["tests"] is None
     assert scores["kbench-sessions"]["valid"]
@@ -146,7 +146,7 @@ def test_a_suite_whose_b0_never_leaks_is_invalid_and_untested():
 def test_a_session_without_its_full_reset_is_an_error():
     records = [r for r in suite_records() if not (r.operator == "B5" and r.session_id == "s2")]
     with pytest.raises(ReplayScoringError, match="session s2 has a B0 record and no B5 record"):
-        score_records(records)
+        score_sessions(records)
 
 
 def test_replay_score_on_files(tmp_path, capsys):

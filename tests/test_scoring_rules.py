@@ -16,7 +16,7 @@ from kbench.config import Params, ParamsError, ScoringConfig
 from kbench.design import check_design
 from kbench.names import FIELD_AWARE_RULE, STRICT_RULE
 from kbench.observer.matcher import match, register_scoring_rule, scoring_rule, scoring_rule_names, variants
-from kbench.observer.metrics import score_records
+from kbench.observer.metrics import score_traces
 
 DOB = "1990-03-05"
 
@@ -51,9 +51,9 @@ def test_strict_reads_an_address_only_whole():
 
 def test_score_records_uses_the_rule_of_the_scoring_config():
     records = [trace(field="date_of_birth", ground_truth=DOB, answer="March 5, 1990")]
-    assert score_records(records).or_all == 1.0
-    assert score_records(records, ScoringConfig(rule=FIELD_AWARE_RULE)).or_all == 1.0
-    assert score_records(records, ScoringConfig(rule=STRICT_RULE)).or_all == 0.0
+    assert score_traces(records).or_all == 1.0
+    assert score_traces(records, ScoringConfig(rule=FIELD_AWARE_RULE)).or_all == 1.0
+    assert score_traces(records, ScoringConfig(rule=STRICT_RULE)).or_all == 0.0
 
 
 def test_an_unknown_scoring_rule_fails_when_params_load():

@@ -15,7 +15,7 @@ from kbench.backends.openai import OpenAIBackend
 from kbench.config import ModelConfig
 from kbench.memory.judge import agreement, judge_items, sample_items
 from kbench.memory.records import read_items
-from kbench.memory.scoring import DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, Estimate, SystemScores, score_records
+from kbench.memory.scoring import DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, Estimate, SystemScores, score_items
 from kbench.observer.format import fmt_interval, fmt_rate, fmt_with_ci
 
 #: The title of these commands in `kbench --help`.
@@ -57,7 +57,7 @@ def run_score(args: argparse.Namespace) -> None:
     records = read_items(args.files)
     if not records:
         raise ValueError(f"no item records in {', '.join(args.files)}")
-    scores = score_records(records, resamples=args.resamples, seed=args.seed)
+    scores = score_items(records, resamples=args.resamples, seed=args.seed)
     if args.json:
         print(json.dumps({system: s.to_json() for system, s in scores.items()}, indent=2, allow_nan=False))
     else:

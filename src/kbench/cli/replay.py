@@ -11,7 +11,7 @@ import json
 
 from kbench.observer.format import fmt_rate
 from kbench.replay.records import read_sessions
-from kbench.replay.scoring import METRICS, score_records
+from kbench.replay.scoring import METRICS, score_sessions
 
 #: The title of these commands in `kbench --help`.
 GROUP = "execution-state lane (session files of forget operators, docs/replay.md)"
@@ -44,7 +44,7 @@ def run_score(args: argparse.Namespace) -> None:
     records = read_sessions(args.files)
     if not records:
         raise ValueError(f"no session records in {', '.join(args.files)}")
-    scores = score_records(records)
+    scores = score_sessions(records)
     if args.json:
         print(json.dumps(scores, indent=2, allow_nan=False))
     else:

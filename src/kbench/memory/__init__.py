@@ -44,11 +44,11 @@ from kbench.memory.scoring import (
     estimate,
     gives,
     instance_tiers,
-    judge_items,
+    match_items,
     leaks,
     resample_counts,
+    score_matched,
     score_items,
-    score_records,
 )
 
 __all__ = [
@@ -85,12 +85,12 @@ __all__ = [
     "gives",
     "instance_tiers",
     "iter_items",
-    "judge_items",
+    "match_items",
     "leaks",
     "read_items",
     "resample_counts",
+    "score_matched",
     "score_items",
-    "score_records",
     "validate_item",
     "write_items",
 ]

@@ -155,7 +155,7 @@ def _correct(record: ItemRecord, index: dict[_Key, ItemRecord], rule: str) -> bo
     return not leaks(record, value, rule) and leaks(control, value, rule)
 
 
-def judge_items(records: Iterable[ItemRecord], rule: str = FIELD_AWARE_RULE) -> list[Item]:
+def match_items(records: Iterable[ItemRecord], rule: str = FIELD_AWARE_RULE) -> list[Item]:
     """Every item of the records, judged (SPEC §15), in file order of the record each opens with.
 
     A PR or AR item opens with its forget-version record; a control-version PR or AR record
@@ -331,7 +331,7 @@ def _estimates(
     return dict(zip(COLUMNS, estimate(numerators, denominators, resamples=resamples, seed=seed, level=level)))
 
 
-def score_items(
+def score_matched(
     items: Iterable[Item],
     tiers: dict[tuple[str, str], str] | None = None,
     *,
@@ -367,7 +367,7 @@ def score_items(
     return scores
 
 
-def score_records(
+def score_items(
     records: Sequence[ItemRecord],
     *,
     rule: str = FIELD_AWARE_RULE,
@@ -378,5 +378,5 @@ def score_records(
     """Judge the item records and score every system in them: the entry point of `kbench memory score`."""
     if not records:
         raise ValueError("no item records to score")
-    return score_items(judge_items(records, rule), instance_tiers(records),
+    return score_matched(match_items(records, rule), instance_tiers(records),
                        resamples=resamples, seed=seed, level=level)

@@ -26,7 +26,7 @@ from kbench.observer.metrics import (
     cell_metrics,
     channel_hit_rates,
     score_queries,
-    score_records,
+    score_traces,
 )
 from kbench.observer.taxonomy import (
     FAILURE_MODES,
@@ -121,7 +121,7 @@ __all__ = [
     "reachable_classes",
     "register_scoring_rule",
     "score_queries",
-    "score_records",
+    "score_traces",
     "scoring_rule",
     "scoring_rule_names",
     "simulated_power",

@@ -300,7 +300,7 @@ def cell_metrics(
     )
 
 
-def score_records(
+def score_traces(
     records: Iterable[TraceRecord], config: ScoringConfig | None = None, seed: int | None = None
 ) -> CellMetrics:
     """Score a list of trace records as one cell under `config.rule`: the entry point every stage calls."""

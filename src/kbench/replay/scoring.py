@@ -294,7 +294,7 @@ def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]]) ->
     }
 
 
-def score_records(records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
+def score_sessions(records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
     """Every suite's scores, keyed by suite in name order."""
     by_suite: dict[str, list[SessionRecord]] = defaultdict(list)
     for record in records:

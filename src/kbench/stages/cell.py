@@ -32,7 +32,7 @@ from kbench.names import (
     PARAMETRIC,
     RECIPES,
 )
-from kbench.observer.metrics import score_records
+from kbench.observer.metrics import score_traces
 from kbench.parametric import agent_model_config, cell_adapter, check_cell_adapter, model_fingerprint
 from kbench.methods.unlearning import CONTINUED, Unlearned
 from kbench.parametric.unlearning import check_unlearned, unlearned_dir
@@ -179,7 +179,7 @@ def score_cell(records: list[TraceRecord], params: Params, seed: int) -> dict[st
     """The observer's metrics per split, as `kbench score --json` prints them, over the canonical
     questions (the ladder's forms are read by the comparison)."""
     return {
-        split: score_records([r for r in records if r.split == split and r.form is None], params.scoring,
+        split: score_traces([r for r in records if r.split == split and r.form is None], params.scoring,
                              seed).to_json()
         for split in SPLITS
     }

@@ -32,7 +32,7 @@ from kbench.memory.channels import MemoryTrace, channel_rates
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
 from kbench.memory.residue import residue_rates
-from kbench.memory.scoring import score_records
+from kbench.memory.scoring import score_items
 from kbench.memory.systems import InstanceRun, LlmEndpoint, memory_system_class, memory_system_names, run_instance
 from kbench.memory.traces import log_instances
 from kbench.names import LANE_SCORES_FILE
@@ -172,7 +172,7 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
         raise MemoryStageError(f"{system}: instances failed: {'; '.join(failed)}")
     write()
     records = [r for i in instances for r in items[i.instance_id]]
-    scores = score_records(records, resamples=config.resamples, seed=config.bootstrap_seed,
+    scores = score_items(records, resamples=config.resamples, seed=config.bootstrap_seed,
                            level=config.level)[system].to_json()
     scores["failures"] = sum(entry["failures"] for entry in info.values())
     scores["residue"] = residue_rates(records, {iid: entry["memories"] for iid, entry in info.items()})

@@ -30,7 +30,7 @@ from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, writ
 from kbench.replay.run import SessionResult, TargetNeverEntered, run_session
 from kbench.replay.report import render_no_suites, render_results, sweep_summary
 from kbench.replay.sessions import SessionPlan
-from kbench.replay.scoring import checkpoint_costs, score_records
+from kbench.replay.scoring import checkpoint_costs, score_sessions
 from kbench.replay.suites import check_suite, suite_sessions
 from kbench.replay.traces import log_sessions
 from kbench.stages import option, track_option
@@ -183,7 +183,7 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
     traces = [t for i in sorted(done) for t in done[i][1]]
     missing = [sid for sid, item in info.items() if not item["entered"]]
     if records:
-        scores = score_records(records)[label]
+        scores = score_sessions(records)[label]
     else:  # reported, never scored: the page and scores.json say that no session of the suite took z in
         log.error("%s: z never entered the state in any session (%s)", label, ", ".join(missing))
         scores = {"valid": False, "sessions": 0, "operators": {}, "kept_probes": [], "savings": None, "bound": None,

@@ -2,7 +2,7 @@
 labels computed on the replayed state (its cost is B7's)."""
 
 from kbench.replay.operators import Branch, Operator, OperatorContext, register_operator
-from kbench.replay.operators.b8 import flow_policy
+from kbench.replay.operators.flow_control import flow_policy
 
 
 @register_operator("B9", "selective replay, then flow control")
