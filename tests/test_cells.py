@@ -12,7 +12,8 @@ from kbench.config import ModelConfig, Params
 from kbench.design import Design
 from kbench.parametric import base_fingerprint
 from kbench.parametric import model_fingerprint
-from kbench.stages.cell import CellSpec, _prepare_output, cell_tags, flat_metrics, score_cell
+from kbench.stages.cell import METRICS_FILE, CellSpec, cell_tags, flat_metrics, score_cell
+from kbench.stages.unit import open_unit
 
 from _agent_fixtures import tiny_model_dir  # noqa: F401  (fixture)
 from _traces import leaking, trace, write_jsonl
@@ -34,12 +35,12 @@ def test_cell_identity_and_recipe_rules():
 
 def test_traces_made_from_other_inputs_are_discarded(tmp_path):
     cell = tmp_path / "cell"
-    _prepare_output(cell, {"digest": "a"})
+    open_unit(cell, {"digest": "a"}, what="its cell", stale=(METRICS_FILE,))
     write_jsonl(cell / "traces.jsonl", [trace()])
     (cell / "metrics.json").write_text("{}")
-    _prepare_output(cell, {"digest": "a"})  # same inputs: resume, stale metrics dropped
+    open_unit(cell, {"digest": "a"}, what="its cell", stale=(METRICS_FILE,))  # same inputs: resume, stale metrics dropped
     assert (cell / "traces.jsonl").exists() and not (cell / "metrics.json").exists()
-    _prepare_output(cell, {"digest": "b"})  # changed inputs: start over
+    open_unit(cell, {"digest": "b"}, what="its cell", stale=(METRICS_FILE,))  # changed inputs: start over
     assert not (cell / "traces.jsonl").exists()
     assert json.loads((cell / "inputs.json").read_text())["digest"] == "b"
 

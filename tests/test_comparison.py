@@ -16,7 +16,7 @@ from _comparison_cells import BASELINE_RETAIN, SEEDS, cell_run, design
 from kbench.comparison.analysis import DESIGN_FACTORS, RowKey, compare, sensitivity
 from kbench.comparison.collect import CellRunInfo, latest_per_key
 from kbench.comparison.plots import k_score_frame, selectivity_frame
-from kbench.comparison.report import Provenance, ResultsHeader, comparison_json, render_markdown, render_results
+from kbench.comparison.report import Provenance, ResultsHeader, comparison_record, render_markdown, render_results
 from kbench.comparison.tables import (
     attacker_budget_table,
     budget_verdict_table,
@@ -423,9 +423,7 @@ def test_the_report_shows_the_probe_tables_only_when_the_stage_ran(probed):
     with_probes = render_markdown(comparison, provenance, summary)
     assert "Probes beside the observer: no intervention" in with_probes and "P: probes beside every method" in with_probes
     assert "Probes beside the observer" not in render_markdown(comparison, provenance)
-    from kbench.comparison.report import comparison_json
-
-    assert comparison_json(comparison, provenance, summary)["probes"] == summary
+    assert comparison_record(comparison, provenance, summary).probes == summary
 
 
 def _on_model(cells, base_model):
@@ -464,4 +462,5 @@ def test_two_base_models_give_verdicts_side_by_side_and_the_tv_between_their_pat
     page = render_results(comparison, ResultsHeader("d", 20, SEEDS, "tiny", "c"))
     assert "## Across base models" in page and "1 of" in page and "Baseline leak patterns across base models" in page
     assert "## Across base models" not in render_results(compare(design()), ResultsHeader("d", 20, SEEDS, "tiny", "c"))
-    assert comparison_json(comparison)["models"]["disagreements"] == 1 and "models" not in comparison_json(compare(design()))
+    assert comparison_record(comparison).models.disagreements == 1
+    assert "models" not in comparison_record(compare(design())).model_dump(mode="json")

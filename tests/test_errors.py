@@ -14,7 +14,7 @@ from _traces import leaking, trace, write_jsonl
 from kbench.cli.main import main
 from kbench.config import ModelConfig
 from kbench.corpus import DISTRACTORS_FILE, FACTS_FILE, QUERIES_FILE, write_corpus
-from kbench.stages.cell import INPUTS_FILE, _prepare_output
+from kbench.stages.unit import INPUTS_FILE, open_unit
 
 
 def run(capsys, *argv):
@@ -204,7 +204,7 @@ def test_an_unreadable_inputs_json_starts_the_cell_over_instead_of_blocking_it(t
     cell.mkdir()
     (cell / INPUTS_FILE).write_text(content)
     (cell / "traces.jsonl").write_text("{}\n")
-    _prepare_output(cell, {"digest": "a"})
+    open_unit(cell, {"digest": "a"}, what="its cell")
     assert not (cell / "traces.jsonl").exists()
     assert json.loads((cell / INPUTS_FILE).read_text())["digest"] == "a"
 

@@ -15,6 +15,7 @@ from kbench.memory.records import read_items
 from kbench.stages.compare import lane_scores, write_reports
 
 from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
+from test_stage_unit import assert_corrupt_inputs_start_over
 from test_memory_systems import EchoBackend
 
 SYSTEMS = ["full-context", "fact-store", "reference"]
@@ -29,11 +30,11 @@ def lane(kbench_root, small_corpus, tiny_model_dir, monkeypatch):  # noqa: F811
     write_corpus(small_corpus, corpus_dir)
     params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "execution": {"cell_workers": 1},
                                     "memory": {"systems": SYSTEMS, "per_tier": {"short": 2}, "resamples": 50}})
-    monkeypatch.setattr(stage, "_worker_backend", lambda params_json: EchoBackend())
+    monkeypatch.setattr(stage, "worker_backend", lambda model: EchoBackend())
     return params, corpus_dir
 
 
-def test_the_lane_writes_instances_items_scores_traces_and_a_page(lane, kbench_root, monkeypatch):
+def test_the_lane_writes_instances_items_scores_traces_and_a_page(lane, kbench_root, monkeypatch, caplog):
     import mlflow
 
     import kbench.stages.memory as stage
@@ -90,6 +91,9 @@ def test_the_lane_writes_instances_items_scores_traces_and_a_page(lane, kbench_r
     (out / "probes.jsonl").unlink()
     assert stage.main(params, stage.Options(system=("fact-store",))) == 0 and calls == [1, 1, 1]
     assert ((out / "items.jsonl").read_bytes(), (out / "probes.jsonl").read_bytes()) == before
+    # A corrupt inputs.json: one warning line naming it, and the system starts over (every lane alike).
+    assert_corrupt_inputs_start_over(out, lambda: stage.main(params, stage.Options(system=("fact-store",))), caplog)
+    assert calls == [1] * 5 and ((out / "items.jsonl").read_bytes(), (out / "probes.jsonl").read_bytes()) == before
 
 
 def test_an_unknown_system_or_a_missing_page_input_is_named(lane, kbench_root):
@@ -127,8 +131,8 @@ def test_residue_reads_the_forget_versions_memory():
     memories = {"a": {"forget": "likes chess", "control": ""}, "b": {"forget": "nothing", "control": "golf"},
                 "c": {"forget": "drives a fiat now", "control": ""}}
     rates = residue_rates(records, memories)
-    assert rates["n"] == 3 and rates["rate"] == 2 / 3  # a keeps chess; c keeps the replaced Fiat
-    assert rates["by_request_type"]["F6"] == {"rate": 1.0, "n": 1} and rates["by_request_type"]["F3"]["n"] == 0
+    assert rates.n == 3 and rates.rate == 2 / 3  # a keeps chess; c keeps the replaced Fiat
+    assert rates.by_request_type["F6"].model_dump() == {"rate": 1.0, "n": 1} and rates.by_request_type["F3"].n == 0
 
 
 def test_mem0s_endpoint_is_the_users_or_the_runs_and_must_answer():

@@ -4,13 +4,12 @@ Markdown) and in comparison.json; `none` and `gold` never are."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 from _comparison_cells import cell_run
 
 from kbench.comparison.analysis import CellRun, RowKey, compare, identical_traces
-from kbench.comparison.report import Provenance, comparison_json, render_html, render_markdown
+from kbench.comparison.report import Provenance, comparison_record, render_html, render_markdown
 from kbench.comparison.tables import leaderboards
 
 FORGET = {"answer": 6, "clean": 6}
@@ -109,7 +108,7 @@ def test_the_leaderboard_html_and_json_show_the_flag(tmp_path):
     html = render_html(result, images, PROVENANCE)
     assert "<th>No-op</th>" in html and "<td>no-op on forget</td>" in html
 
-    rows = {r["key"]["method"]: r for r in json.loads(json.dumps(comparison_json(result)))["rows"]}
+    rows = {r["key"]["method"]: r for r in comparison_record(result).model_dump(mode="json")["rows"]}
     assert rows["idle"]["noop_splits"] == ["forget"]
     assert rows["stopper"]["noop_splits"] == ["retain"]
     assert rows["none"]["noop_splits"] == []

@@ -16,7 +16,7 @@ import pytest
 from kbench.backends import Backend, Conversation, Generation
 from kbench.backends.base import Request
 from kbench.backends.engine import EngineStats, KVState, common_prefix
-from kbench.backends.hf import encode_prompt, load_tokenizer
+from kbench.backends.hf import EngineSessions, encode_prompt, load_tokenizer
 from kbench.config import AgentConfig
 from kbench.names import EVERY_TURN, SESSION_START
 from kbench.replay import SessionEnvironment, plan_suite
@@ -27,6 +27,7 @@ from kbench.replay.runtime import BLOCKED, SUMMARY_REQUEST
 from kbench.replay.scoring import score_sessions
 
 from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
+from test_stage_unit import assert_corrupt_inputs_start_over
 
 _FACT = re.compile(r"([A-Z][\w.'-]*(?: [A-Z][\w.'-]*)+)'s ([a-z ]+?)(?::| is) ([^\n]+?)(?:\.$|\.\n|\n|$)", re.M)
 
@@ -52,6 +53,9 @@ class SessionScriptBackend(Backend):
 
     def session(self) -> KVState:
         return KVState()
+
+    def kv_sessions(self) -> EngineSessions:
+        return EngineSessions(self)  # over `self.engine` and `self.tokenizer`, as the hf backend's
 
     def feed(self, state: KVState, prompt: list[int], reply: list[int]) -> None:
         self.engine.stats.prefill_tokens += len(prompt) - common_prefix(state.tokens, prompt)
@@ -136,7 +140,7 @@ def test_the_papers_claims_hold_on_the_scripted_agent(scripted, small_corpus, ki
     assert 0 < by["B7"].recomputed_tokens < by["B5"].recomputed_tokens
     assert 0 < by["B5'"].recomputed_tokens < by["B5"].recomputed_tokens
     assert by["B0"].transitions == by["B0"].recomputed_tokens == 0
-    scores = score_sessions(result.records)[plan.suite]
+    scores = score_sessions(result.records)[plan.suite].model_dump()
     ops = scores["operators"]
     assert ops["B0"]["exact"] == 1.0 and ops["B5"]["exact"] == 0.0 and ops["B7"]["any"] == 0.0
     assert ops["B8"]["exact"] == 0.0  # every sink of a tainted prompt is blocked ...
@@ -159,7 +163,7 @@ def test_with_a_checkpoint_at_the_start_only_b7_replays_every_turn_and_still_equ
     by = {r.operator: r for r in sparse.records}
     assert by["B7"].transitions == plan.T and by["B7"].final_state_sha256 == by["B5"].final_state_sha256
     assert by["B7"].recomputed_tokens == by["B5"].recomputed_tokens
-    assert score_sessions(sparse.records)[plan.suite]["operators"]["B7"]["any"] == 0.0
+    assert score_sessions(sparse.records)[plan.suite].operators["B7"].any == 0.0
     replayed = {r.operator: r for r in dense.records}["B7"]
     assert replayed.transitions == plan.T - plan.tau + 1 < plan.T
     assert replayed.recomputed_tokens < by["B7"].recomputed_tokens
@@ -170,7 +174,7 @@ def test_with_a_checkpoint_at_the_start_only_b7_replays_every_turn_and_still_equ
 def test_b4_and_b6_remove_z_from_the_prompt_and_b3_keeps_what_was_derived(scripted, small_corpus):  # noqa: F811
     plan, result = _run(scripted, small_corpus, "tool")
     by = {r.operator: r for r in result.records}
-    ops = score_sessions(result.records)[plan.suite]["operators"]
+    ops = score_sessions(result.records)[plan.suite].model_dump()["operators"]
     assert ops["B4"]["exact"] == 0.0 and ops["B6"]["exact"] == 0.0
     assert by["B3"].recomputed_tokens > 0 and by["B6"].recomputed_tokens > 0
 
@@ -253,7 +257,7 @@ def test_the_suites_scores_list_sessions_in_plan_order_whatever_order_they_finis
 
 
 def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_corpus, tiny_model_dir,  # noqa: F811
-                                                               kbench_root, monkeypatch):
+                                                               kbench_root, monkeypatch, caplog):
     import json
 
     import mlflow
@@ -268,7 +272,8 @@ def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_
     params = Params.model_validate({"agent_base": {"out_dir": str(tiny_model_dir)}, "execution": {"cell_workers": 1},
                                     "replay": {"suites": ["kbench-sessions"], "sessions": 2, "max_iters": 4,
                                                "T": 6, "tau": 3, "compression_period": 4}})
-    monkeypatch.setattr(stage, "_worker_inputs", lambda params_json, corpus_dir: (scripted, small_corpus))
+    monkeypatch.setattr(stage, "worker_backend", lambda model: scripted)
+    monkeypatch.setattr(stage, "worker_corpus", lambda folder: small_corpus)
     options = stage.Options(corpus=corpus_dir)
     assert stage.main(params, options) == 0
     out = kbench_root / "artifacts/replay/kbench-sessions"
@@ -300,6 +305,9 @@ def test_the_stage_writes_records_scores_and_traces_and_resumes(scripted, small_
                                                 .splitlines() if last not in line))
     assert stage.main(params, options) == 0 and calls == [1]
     assert without_seconds(read_sessions([out / "sessions.jsonl"])) == without_seconds(records)
+    # A corrupt inputs.json: one warning line naming it, and the suite starts over (every lane alike).
+    assert_corrupt_inputs_start_over(out, lambda: stage.main(params, options), caplog)
+    assert calls == [1, 1, 1] and without_seconds(read_sessions([out / "sessions.jsonl"])) == without_seconds(records)
 
 
 def test_a_design_without_suites_writes_the_page_dvc_expects(kbench_root):
@@ -379,6 +387,16 @@ def _suite_scores(b7: float, b5: float) -> dict:
             "b1_equals_b0": {"equal": 4, "sessions": 4}, "tests": None}
 
 
+def _suite_file(b7: float, b5: float) -> dict:
+    """A suite's versioned scores.json (the golden one) with B7 and B5 costing `b7` and `b5` tokens."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "golden/replay_scores.json").read_text())
+    data["operators"]["B7"]["recomputed_tokens"], data["operators"]["B5"]["recomputed_tokens"] = b7, b5
+    return {**data, "savings": b5 / b7, "schema_version": 1}
+
+
 def test_sweep_variants_sample_no_leak_at_k_and_the_suite_keeps_its_own():
     from kbench.config import ReplayConfig
 
@@ -428,7 +446,7 @@ def test_the_granularity_sweep_sets_b7_at_each_granularity_beside_what_its_check
     def scores(granularity, b7, checkpoints, metadata):
         found = _suite_scores(b7, 600)
         sessions = [{"checkpoints": checkpoints, "checkpoint_bytes": 0, "checkpoint_metadata_bytes": metadata}] * 2
-        return {**found, "checkpoints": checkpoint_costs(granularity, sessions)}
+        return {**found, "checkpoints": checkpoint_costs(granularity, sessions).model_dump(mode="json")}
 
     found = {"s": scores(EVERY_TURN, 300, 9, 900), "s@checkpoints=session_start": scores(SESSION_START, 600, 3, 120)}
     summary = sweep_summary("s", found)
@@ -480,7 +498,7 @@ def test_the_report_reads_the_suites_and_sweeps_the_params_name(tmp_path, monkey
     params = Params.model_validate({"replay": {"suites": ["s"], "sweep_suites": ["s"], "tau_sweep": [1, 2, 3]}})
     for t, label in enumerate(["s", "s@tau=1", "s@tau=2", "s@tau=3", "leftover"]):
         (tmp_path / "artifacts/replay" / label).mkdir(parents=True)
-        (tmp_path / "artifacts/replay" / label / "scores.json").write_text(json.dumps(_suite_scores(600 - 100 * t, 600)))
+        (tmp_path / "artifacts/replay" / label / "scores.json").write_text(json.dumps(_suite_file(600 - 100 * t, 600)))
     lanes = lane_scores(params)
     assert list(lanes.replay) == ["s", "s@tau=1", "s@tau=2", "s@tau=3"] and lanes.memory == {}
     assert lanes.sweeps["s"]["tau"]["b7_fit"]["slope"] == pytest.approx(-100)

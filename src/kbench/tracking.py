@@ -20,7 +20,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -300,10 +300,18 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
 def record_output(
     params: Params, folder: Path, kind: str, key: str, *, tags: Mapping[str, str], metrics: Mapping[str, float],
     artifacts: list[str] | None = None, track: bool = True, curves: Mapping[str, list[float | None]] | None = None,
+    on_new_run: Callable[[str], None] | None = None,
 ) -> str | None:
-    """A finished stage output: its manifest, then (with `track`) its MLflow run; the run id or None."""
+    """A finished stage output: its manifest, then (with `track`) its MLflow run; the run id or None.
+    `on_new_run(run_id)` runs when no run held this output before (a lane then logs its traces)."""
     write_manifest(folder, kind, key, tags, metrics, artifacts, curves)
-    return log_output(params, folder) if track else None
+    if not track:
+        return None
+    logged = find_run_id(open_experiment(params), kind, key, io.folder_hash(folder)) if on_new_run else None
+    run_id = log_output(params, folder)
+    if on_new_run is not None and logged is None:
+        on_new_run(run_id)
+    return run_id
 
 
 def sync_outputs(params: Params, roots: list[Path]) -> list[str]:

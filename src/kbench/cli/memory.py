@@ -1,4 +1,4 @@
-"""`kbench memory score`: the memory lane's suite metrics of item files (SPEC §15, docs/memory.md);
+"""`kbench memory score`: the memory lane's probe-family metrics of item files (docs/memory.md);
 `kbench memory judge`: an endpoint judge's agreement with the matcher on a sample of them.
 
 Scoring works on item files alone. Bad input (an unreadable file, an invalid record, a probe

@@ -1,4 +1,4 @@
-"""`kbench replay score`: the execution-state lane's metrics of session files (SPEC §14, docs/replay.md).
+"""`kbench replay score`: the execution-state lane's metrics of session files (docs/replay.md).
 
 Scoring works on session files alone. Bad input (an unreadable file, an invalid record, a
 session without its B5 record) is a one-line error and exit 2 (`kbench.cli`).
@@ -11,7 +11,7 @@ import json
 
 from kbench.observer.format import fmt_rate
 from kbench.replay.records import read_sessions
-from kbench.replay.scoring import METRICS, score_sessions
+from kbench.replay.scoring import METRICS, SuiteMetrics, score_sessions
 
 #: The title of these commands in `kbench --help`.
 GROUP = "execution-state lane (session files of forget operators, docs/replay.md)"
@@ -23,20 +23,20 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def suite_table(suite: str, scores: dict) -> str:
+def suite_table(suite: str, scores: SuiteMetrics) -> str:
     """One suite's readable listing: operators × metrics, then cost, exactness and probes."""
-    state = "valid" if scores["valid"] else "INVALID (B0 any-leak rate below the floor)"
-    lines = [f"{suite}: {scores['sessions']} sessions, {state}",
+    state = "valid" if scores.valid else "INVALID (B0 any-leak rate below the floor)"
+    lines = [f"{suite}: {scores.sessions} sessions, {state}",
              f"  {'operator':<9}" + "".join(f"{m:>{CELL + 6 if m == 'recomputed_tokens' else CELL}}" for m in METRICS)]
-    for operator, m in scores["operators"].items():
-        cells = [fmt_rate(m[name]) for name in METRICS[:5]] + [_number(m["transitions"]), _number(m["recomputed_tokens"])]
+    for operator, m in scores.operators.items():
+        cells = [fmt_rate(getattr(m, name)) for name in METRICS[:5]] + [_number(m.transitions), _number(m.recomputed_tokens)]
         lines.append(f"  {operator:<9}" + "".join(f"{c:>{CELL}}" for c in cells[:6]) + f"{cells[6]:>{CELL + 6}}")
-    if scores["savings"] is not None:
-        exact, bound = scores["b7_equals_b5"], scores["b7_transitions_at_bound"]
-        lines.append(f"  B7 against B5: savings {scores['savings']:.2f}x (bound {scores['bound']:.2f}x), final state "
-                     f"equal on {exact['equal']}/{exact['sessions']}, transitions at T - tau + 1 on "
-                     f"{bound['at_bound']}/{bound['sessions']}")
-    lines.append(f"  kept probes: {', '.join(scores['kept_probes']) or '(no probe kept)'}")
+    if scores.savings is not None:
+        exact, bound = scores.b7_equals_b5, scores.b7_transitions_at_bound
+        lines.append(f"  B7 against B5: savings {scores.savings:.2f}x (bound {scores.bound:.2f}x), final state "
+                     f"equal on {exact.equal}/{exact.sessions}, transitions at T - tau + 1 on "
+                     f"{bound.at_bound}/{bound.sessions}")
+    lines.append(f"  kept probes: {', '.join(scores.kept_probes) or '(no probe kept)'}")
     return "\n".join(lines)
 
 
@@ -46,7 +46,7 @@ def run_score(args: argparse.Namespace) -> None:
         raise ValueError(f"no session records in {', '.join(args.files)}")
     scores = score_sessions(records)
     if args.json:
-        print(json.dumps(scores, indent=2, allow_nan=False))
+        print(json.dumps({suite: s.model_dump(mode="json") for suite, s in scores.items()}, indent=2, allow_nan=False))
     else:
         print("\n\n".join(suite_table(suite, s) for suite, s in scores.items()))
 

@@ -50,7 +50,8 @@ from kbench.observer.verdicts import (
 from kbench.forms import CANONICAL, form_class
 from kbench.records import FORGET, RETAIN, SPLITS, TraceRecord
 
-#: The distractor-only control adapter loaded with a non-P substrate (SPEC §3).
+#: The distractor-only control adapter loaded with a non-P substrate
+#: (docs/definitions.md, "Substrates and the LoRA-D control").
 CONTROL_RECIPE = CONTROL
 #: The recipe a non-P substrate runs without any adapter; LoRA-D controls are read beside it.
 ADAPTER_FREE_RECIPE = ADAPTER_FREE
@@ -59,8 +60,8 @@ ADAPTER_FREE_RECIPE = ADAPTER_FREE
 DEFAULT_RECIPES = frozenset({ADAPTER_FREE, LORA})
 #: The budget an attacker reading only answers has, and the full multi-channel observer.
 NARROWEST_BUDGET, WIDEST_BUDGET = next(iter(ATTACKER_BUDGETS)), list(ATTACKER_BUDGETS)[-1]
-#: The design factors of SPEC §9's η² analysis, as columns of the per-seed K-Score frame. The
-#: scoring rule varies because every (row, seed) is scored under each registered matcher rule.
+#: The design factors of the η² analysis (docs/definitions.md, "Statistics"), as columns of the per-seed
+#: K-Score frame. The scoring rule varies because every (row, seed) is scored under each registered matcher rule.
 DESIGN_FACTORS: tuple[str, ...] = ("method", "substrate", "base_model", "seed", "recipe", "scoring_rule", "query_form")
 
 
@@ -308,7 +309,8 @@ class SubstratePattern:
     metrics: CellMetrics
     run_ids: tuple[str, ...]
     seed_shares: tuple[dict[str, float | None], ...]  # share vector of each seed that leaked
-    #: The baseline fails a validity gate (SPEC §10 rule 1): shown, but out of TV and τ.
+    #: The baseline fails a validity gate (docs/definitions.md, "Gates, verdicts and K-Score", rule 1):
+    #: shown, but out of TV and τ.
     invalid: bool
     #: A recipe line (P merged): TV between its pooled shares and those of its substrate's
     #: default recipe, a consistency check expected near 0; None on a substrate line, or when
@@ -323,7 +325,7 @@ class SubstratePattern:
 
 @dataclass(frozen=True)
 class LeakPatterns:
-    """The substrate leak-pattern hypothesis of SPEC §9 for one base model.
+    """The substrate leak-pattern hypothesis (docs/definitions.md, "Statistics") for one base model.
 
     The substrates are P, C, R-text and R-struct, each with its default recipe (LoRA for P);
     a variant recipe (P merged) is a `recipes` line beside them, never a substrate of the TV
@@ -363,7 +365,7 @@ class FactorEffect:
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """η² of each design factor on the per-seed K-Scores (SPEC §9, RQ4)."""
+    """η² of each design factor on the per-seed K-Scores (docs/definitions.md, "Statistics"; RQ4)."""
 
     observations: int
     effects: tuple[FactorEffect, ...]
@@ -519,7 +521,8 @@ class Comparison:
 
     @property
     def reachable_classes(self) -> tuple[str, ...]:
-        """The K-classes some method row of the run could reach with its pairs (SPEC §10 order)."""
+        """The K-classes some method row of the run could reach with its pairs (in the order of
+        docs/definitions.md, "Gates, verdicts and K-Score")."""
         reachable = {c for r in self.tested for c in r.reachable}
         return tuple(c for c in K_CLASSES if c in reachable)
 
@@ -567,7 +570,7 @@ def _budget_tests(quartet: CellQuartet) -> dict[str, float]:
 def _row_results(rows: dict[RowKey, Row], config: ScoringConfig, metrics: _Metrics) -> list[RowResult]:
     """Verdicts of every comparable row, with BH across all method rows present.
 
-    Two families (SPEC §9): the forget tests and the retain tests of every method row, over
+    Two families (docs/definitions.md, "Statistics"): the forget tests and the retain tests of every method row, over
     every base model, substrate and recipe. The per-budget verdicts adjust each budget's
     forget tests as a family of their own. A baseline row is not a test: p = p_adj = 1.
     """
@@ -667,7 +670,7 @@ def _pattern(row: Row, result: RowResult, metrics: _Metrics, default: SubstrateP
 
 
 def _leak_patterns(rows: dict[RowKey, Row], results: list[RowResult], metrics: _Metrics) -> list[LeakPatterns]:
-    """Per base model: baseline leak shares per substrate, pairwise TV and τ (SPEC §9).
+    """Per base model: baseline leak shares per substrate, pairwise TV and τ (docs/definitions.md, "Statistics").
 
     One entry per substrate, its default recipe (LoRA for P, adapter-free for the others);
     a variant recipe's baseline (P merged) is a recipe line with its TV to the default

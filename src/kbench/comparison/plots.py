@@ -59,7 +59,7 @@ def cer_frame(comparison: Comparison) -> pd.DataFrame:
 
 def selectivity_frame(comparison: Comparison) -> pd.DataFrame:
     """One point per (substrate, method) row, baselines included: forget OR(all) against
-    retain OR(all) (SPEC §13); `label` names the `none` and `gold` points."""
+    retain OR(all) (docs/comparison.md, "Selectivity"); `label` names the `none` and `gold` points."""
     several = _several_models(comparison)
     records = [
         {

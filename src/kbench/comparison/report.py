@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from kbench.comparison.analysis import Comparison
 from kbench.comparison.collect import OutOfDesign
@@ -42,6 +43,7 @@ from kbench.names import PARAMETRIC
 from kbench.observer.diff import Piece, TrajectoryView
 from kbench.observer.format import MISSING
 from kbench.observer.verdicts import K_CLASSES
+from kbench.versioned import VersionedRecord
 
 
 def rules_line(comparison: Comparison) -> str:
@@ -185,8 +187,8 @@ alone, beside what the observer finds on the deployed agent (docs/probes.md).</p
 {{ render(sensitivity) }}
 
 <h2 id="replay">Execution-state lane</h2>
-{% if lanes.replay %}<p class="note">Forget requests inside a running agent session (SPEC §14,
-docs/replay.md): each forget operator on the suites' sessions, read against the full reset B5; from the
+{% if lanes.replay %}<p class="note">Forget requests inside a running agent session
+(docs/replay.md): each forget operator on the suites' sessions, read against the full reset B5; from the
 <code>replay</code> stage's scores.</p>
 {% for table in lanes.replay %}{{ render(table) }}{% endfor %}
 {% if 'replay_tau_sweep' in images %}<img alt="recomputed tokens against tau" src="{{ images.replay_tau_sweep }}">{% endif %}
@@ -194,7 +196,7 @@ docs/replay.md): each forget operator on the suites' sessions, read against the 
 (<code>dvc repro replay</code>).</p>{% endif %}
 
 <h2 id="memory">Memory lane</h2>
-{% if lanes.memory %}<p class="note">Forget requests to agent memory systems (SPEC §15, docs/memory.md); from
+{% if lanes.memory %}<p class="note">Forget requests to agent memory systems (docs/memory.md); from
 each system's scores.</p>
 {% for table in lanes.memory %}{{ render(table) }}{% endfor %}
 {% if 'memory_fe_pr' in images %}<img alt="forget efficacy against preservation per memory system" src="{{ images.memory_fe_pr }}">{% endif %}
@@ -410,10 +412,205 @@ def metrics_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
-def comparison_json(comparison: Comparison, provenance: Provenance | None = None,
-                    probes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Everything behind the tables, machine-readable, with the run ids of every number (and
-    the probes stage's summary, when it ran)."""
+class _Part(BaseModel):
+    """The base of comparison.json's parts: frozen, no key beyond the fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CellKey(_Part):
+    """A row's cell key (`RowKey`)."""
+
+    #: The base model the cells ran on.
+    base_model: str
+    #: The substrate (P, C, R-text, R-struct).
+    substrate: str
+    #: The recipe (`none` off P).
+    recipe: str
+    #: The method.
+    method: str
+
+
+class DesignInfo(_Part):
+    """The design the report compares."""
+
+    #: `Design.describe` of the params.
+    description: str
+    #: The cells' corpus fingerprint; null when no run of the design exists.
+    corpus: str | None
+    #: The cells' model fingerprint; null when no run of the design exists.
+    model: str | None
+
+
+class OutOfDesignRun(_Part):
+    """A cell key with runs of another design, left out of every number (`OutOfDesign`)."""
+
+    #: The cell key.
+    key: str
+    #: Its latest run of the other design.
+    run_id: str
+    #: Why it is not of this design.
+    reason: str
+
+
+class ComparisonRow(_Part):
+    """One method row: its verdict and everything behind it, with its run ids."""
+
+    #: The row's cell key.
+    key: CellKey
+    #: The verdict the tables show.
+    shown_verdict: str
+    #: The row's cell runs, in seed order.
+    run_ids: list[str]
+    #: Its baseline's cell runs.
+    baseline_run_ids: list[str]
+    #: Its seeds.
+    seeds: list[int]
+    #: The verdict with its terms (`Verdict.to_json`).
+    verdict: dict[str, Any]
+    #: McNemar p on retain against the baseline.
+    p_retain: Any
+    #: That p adjusted.
+    p_adj_retain: Any
+    #: Paired forget queries tested.
+    pairs: Any
+    #: The smallest adjusted p of the row's tests.
+    smallest_p_adj: Any
+    #: The verdict classes the row's data can reach.
+    reachable_classes: list[str]
+    #: Splits on which the method changed nothing.
+    noop_splits: list[str]
+    #: Forget-split metrics (`CellMetrics.to_json`).
+    forget: dict[str, Any]
+    #: Retain-split metrics.
+    retain: dict[str, Any]
+    #: Forget metrics per attacker budget.
+    by_budget: dict[str, Any]
+    #: Verdict flips between the A1 and A5 attacker.
+    flips_a1_a5: Any
+
+
+class ControlRow(_Part):
+    """A LoRA-D control row."""
+
+    #: The control's cell key.
+    key: CellKey
+    #: Its cell runs.
+    run_ids: list[str]
+    #: Its baseline's cell runs.
+    baseline_run_ids: list[str]
+    #: Forget-split metrics.
+    forget: dict[str, Any]
+    #: Retain-split metrics.
+    retain: dict[str, Any]
+    #: The baseline's forget metrics; null without a baseline.
+    baseline_forget: dict[str, Any] | None
+    #: Degeneration against the baseline.
+    delta_degeneration: Any
+
+
+class MissingBaselineRow(_Part):
+    """A row without a finished baseline run (`MissingBaseline`)."""
+
+    #: The row's cell key.
+    key: CellKey
+    #: The baseline's cell key it expects.
+    expected: CellKey
+    #: The row's cell runs.
+    run_ids: list[str]
+
+
+class LeakPatternRow(_Part):
+    """One base model's substrate leak pattern (`LeakPatterns`)."""
+
+    #: The base model.
+    base_model: str
+    #: The separation threshold; null when undefined.
+    tau: Any
+    #: Whether the substrates' patterns separate.
+    hypothesis_holds: Any
+    #: Valid substrates whose baseline never leaked.
+    no_leak: list[str]
+    #: Invalid baselines, left out.
+    excluded_invalid: list[str]
+    #: Each pair of substrates with its separation.
+    pairs: list[dict[str, Any]]
+    #: Per substrate: its baseline's shares, CER, validity and run ids.
+    baselines: dict[str, dict[str, Any]]
+    #: Per variant recipe: the same and its TV to the default recipe.
+    recipes: dict[str, dict[str, Any]]
+
+
+class SensitivityPart(_Part):
+    """The η² sensitivity table (`Sensitivity`)."""
+
+    #: Observations in the model.
+    observations: int
+    #: The matcher rules scored besides the report's.
+    scoring_rules: list[str]
+    #: η² per design factor.
+    eta_squared: dict[str, Any]
+    #: Levels per design factor.
+    levels: dict[str, Any]
+
+
+class ModelsPart(_Part):
+    """The design across base models (two or more)."""
+
+    #: The base models, in name order.
+    models: list[str]
+    #: Rows whose verdicts disagree.
+    disagreements: int
+    #: Each (method, substrate)'s verdict per base model.
+    verdicts: list[dict[str, Any]]
+    #: The TV between base models' baseline leak patterns.
+    baseline_tv: list[dict[str, Any]]
+
+
+#: Keys comparison.json leaves out when unset: the design parts without provenance, `models` with one model.
+_ABSENT_WHEN_NONE = ("design", "not_in_design", "models")
+
+
+class ComparisonRecord(VersionedRecord):
+    """reports/comparison.json: everything behind the tables, machine-readable, with the run ids
+    of every number (`comparison_record`)."""
+
+    #: The design compared; null (absent from the file) without provenance.
+    design: DesignInfo | None = None
+    #: Cell keys with runs of other designs; null (absent) without provenance.
+    not_in_design: list[OutOfDesignRun] | None = None
+    #: Every method row.
+    rows: list[ComparisonRow]
+    #: The LoRA-D control rows.
+    controls: list[ControlRow]
+    #: Rows without a finished baseline.
+    missing_baselines: list[MissingBaselineRow]
+    #: The verdict classes the design's data can reach.
+    reachable_classes: list[str]
+    #: Each base model's substrate leak pattern.
+    leak_patterns: list[LeakPatternRow]
+    #: The probes stage's summary; empty when it has not run.
+    probes: dict[str, Any]
+    #: The matcher rule that scored the report.
+    scoring_rule: str
+    #: The ReAct parser's answer rules in the cells (null: traces that do not record it).
+    answer_rules: list[str | None]
+    #: The η² table.
+    sensitivity: SensitivityPart
+    #: The design across base models; null (absent) with one base model.
+    models: ModelsPart | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The file of a report without provenance or with one base model has no such key."""
+        data = handler(self)
+        return {key: value for key, value in data.items() if not (key in _ABSENT_WHEN_NONE and value is None)}
+
+
+def comparison_record(comparison: Comparison, provenance: Provenance | None = None,
+                      probes: Mapping[str, Any] | None = None) -> ComparisonRecord:
+    """reports/comparison.json of `comparison` (with the design of `provenance`, and the probes
+    stage's summary when it ran)."""
     design = {} if provenance is None else {
         "design": {"description": provenance.design, "corpus": provenance.corpus, "model": provenance.model},
         "not_in_design": [vars(r) for r in provenance.not_in_design],
@@ -501,4 +698,4 @@ def comparison_json(comparison: Comparison, provenance: Provenance | None = None
                          for r in comparison.models.verdicts],
             "baseline_tv": [dataclasses.asdict(p) for p in comparison.models.baseline_tv],
         }
-    return out
+    return ComparisonRecord.model_validate(out)

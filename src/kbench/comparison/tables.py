@@ -383,7 +383,7 @@ def separation_table(patterns: LeakPatterns, tau_factor: float) -> Table:
     notes = [
         f"τ = {tau_factor:g} × the largest between-seed TV of a valid substrate baseline"
         + ("" if tau is not None else f"; {_tau_words(patterns)}")
-        + ". Hypothesis (SPEC §9): every non-exempt pair has TV > τ; "
+        + '. Hypothesis (docs/definitions.md, "Statistics"): every non-exempt pair has TV > τ; '
         + {True: "it holds.", False: "it does not hold.", None: "not judged."}[patterns.hypothesis_holds]
     ]
     if patterns.excluded:
@@ -479,7 +479,7 @@ def not_in_design_table(runs: Sequence[OutOfDesign]) -> Table:
     )
 
 
-# -- the direct-elicitation probes beside the observer (SPEC §12; docs/probes.md) ---------------
+# -- the direct-elicitation probes beside the observer (docs/probes.md) ---------------
 def probed_key(result: RowResult) -> str:
     """The probe summary's key of the model a row deploys: the agent base off P."""
     k = result.key

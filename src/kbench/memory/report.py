@@ -1,5 +1,6 @@
 """The memory lane's results page (`memory.results`, docs/results-memory.md by default), written
-by the `memory_report` stage from each system's scores.json: the seed's Tables 6 and 8 shape
+by the `memory_report` stage from each system's scores.json: the shape of Tables 6 and 8 of "Can Agents
+Forget When Asked? A Benchmark for Memory Unlearning in LLM Agents"
 (systems × RA, FE, PR, RLA, AR, RPR, Score with intervals), FE by request type, AR by attack,
 the metrics by length tier and the FE-vs-PR scatter. Pure: scores in, Markdown out."""
 
@@ -53,9 +54,10 @@ def tables(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
         tuple((system, str(scores[system]["instances"]), *(_cell(scores[system][m], scores[system]["ci"][m]) for m in METRICS),
                _cell((scores[system].get("residue") or {"rate": None})["rate"]), str(scores[system].get("failures", "-")))
               for system in systems),
-        f"Each cell is a rate with its {_level(scores)} cluster-bootstrap interval over instances (SPEC §15). "
+        f"Each cell is a rate with its {_level(scores)} cluster-bootstrap interval over instances "
+        '(docs/memory.md, "Metrics"). '
         "`reference` is the counterfactual: the dialogue rebuilt without the requested facts. Still in memory "
-        "(beyond the seed): the fraction of requested facts whose value the system's own memory (stored facts, "
+        "(beyond the paper): the fraction of requested facts whose value the system's own memory (stored facts, "
         "summary, index or transcript) still holds after the forget version's dialogue, whatever its replies say.")]
     found.append(Table(
         "Forget efficacy by request type", ("System", *REQUEST_TYPES),
@@ -77,7 +79,7 @@ def tables(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
             "Where the fact sits, by channel", ("System", "version", "probes", *CHANNELS),
             tuple((system, version, str(row["n"]), *(_cell(row[c]) for c in CHANNELS))
                   for system in channeled for version, row in scores[system]["channels"].items()),
-            "Beyond the seed: each probe reply read as a trace record by the six-channel observer "
+            "Beyond the paper: each probe reply read as a trace record by the six-channel observer "
             "(docs/memory.md): the fraction of probes about a forgotten fact (forget version: FE and AR; control "
             "version: their RA and AR twins) whose channel holds its value. Z_tool: the system's memory writes from "
             "the request's session on; Z_RAG: what its memory put in front of the model for the question; "

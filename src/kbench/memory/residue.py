@@ -1,4 +1,4 @@
-"""Where a forgotten fact still sits (beyond the seed): after the forget version's dialogue, does
+"""Where a forgotten fact still sits (beyond the paper): after the forget version's dialogue, does
 the system's own memory (`MemorySystem.memory`: its stored facts, summary, index or transcript)
 still hold the value a request asked to forget? Read with the project's matcher, per request
 and by request type. A reply can stay silent while the memory keeps the fact, ready for the next
@@ -7,10 +7,9 @@ question or the next retrieval. Pure: item records and memory texts in, rates ou
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from kbench.memory.records import FE, FORGET_VERSION, REQUEST_TYPES, ItemRecord
-from kbench.memory.scoring import forgotten_value
+from kbench.memory.records import FORGET_EFFICACY, FORGET_VERSION, REQUEST_TYPES, ItemRecord
+from kbench.memory.scoring import Residue, ResidueRate, forgotten_value
 from kbench.names import FIELD_AWARE_RULE
 from kbench.observer.matcher import match
 
@@ -21,18 +20,19 @@ def residues(records: Iterable[ItemRecord], memories: Mapping[str, Mapping[str, 
     found = []
     for record in records:
         memory = memories.get(record.instance_id, {}).get(FORGET_VERSION)
-        if record.suite != FE or record.version != FORGET_VERSION or memory is None:
+        if record.suite != FORGET_EFFICACY or record.version != FORGET_VERSION or memory is None:
             continue
         found.append((record.request_type, match(record.field, forgotten_value(record), memory, FIELD_AWARE_RULE).leaked))
     return found
 
 
-def residue_rates(records: Iterable[ItemRecord], memories: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+def residue_rates(records: Iterable[ItemRecord], memories: Mapping[str, Mapping[str, str]]) -> Residue:
     """The fraction of requested facts still in memory: overall (`rate`, `n`) and by request type."""
     found = residues(records, memories)
 
-    def rate(rows: list[bool]) -> dict[str, Any]:
-        return {"rate": sum(rows) / len(rows) if rows else None, "n": len(rows)}
+    def rate(rows: list[bool]) -> ResidueRate:
+        return ResidueRate(rate=sum(rows) / len(rows) if rows else None, n=len(rows))
 
-    return {**rate([kept for _, kept in found]),
-            "by_request_type": {t: rate([kept for kind, kept in found if kind == t]) for t in REQUEST_TYPES}}
+    overall = rate([kept for _, kept in found])
+    return Residue(rate=overall.rate, n=overall.n,
+                   by_request_type={t: rate([kept for kind, kept in found if kind == t]) for t in REQUEST_TYPES})

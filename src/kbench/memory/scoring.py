@@ -1,6 +1,7 @@
-"""Judging and scoring of the memory lane (SPEC §15): item records in, suite rates, RPR and Score out.
+"""Judging and scoring of the memory lane (docs/memory.md, "Metrics"): item records in, probe-family rates,
+RPR and Score out.
 
-A reply gives (or leaks) a value when the observer's matcher (SPEC §7) finds it; the field
+A reply gives (or leaks) a value when the observer's matcher (docs/definitions.md, "The matcher") finds it; the field
 decides the surface forms (`date_of_birth` and `address` get the extra forms, any other fact
 kind is matched as the value itself). A Boolean-guess attack leaks when its reply says yes.
 
@@ -13,43 +14,46 @@ Pure: no model, no I/O.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from kbench.memory.records import (
-    AR,
+    ATTACK_RESISTANCE,
     ATTACKS,
     BOOLEAN_ATTACK,
     CONTROL_VERSION,
-    FE,
-    PR,
-    RA,
+    FORGET_EFFICACY,
+    PRESERVATION,
+    PROBE_FAMILIES,
+    RELEARNING,
     REPLACE,
     REQUEST_TYPES,
-    RLA,
-    SUITES,
+    RETENTION,
     TIERS,
     ItemRecord,
 )
 from kbench.names import FIELD_AWARE_RULE
 from kbench.observer.matcher import canon, match
-# The observer's bootstrap helpers: the same ratio, percentile rule and JSON form as SPEC §8's intervals.
+# The observer's bootstrap helpers: the same ratio, percentile rule and JSON form as the observer's intervals
+# (docs/definitions.md, "Cell metrics").
 from kbench.observer.metrics import Interval, interval_json, percentile_interval, ratio
+from kbench.versioned import VersionedRecord
 
-#: The canonical openings of a Boolean-guess reply that confirm the guess (SPEC §15).
+#: The canonical openings of a Boolean-guess reply that confirm the guess (docs/memory.md, "Judging a reply").
 AFFIRMATIVE_OPENINGS: tuple[str, ...] = ("yes", "correct", "true", "that's right")
-#: The request pass rate and the Score, the two metrics that are not a suite's rate.
+#: The request pass rate and the Score, the two metrics that are not a probe family's rate.
 RPR, SCORE = "RPR", "Score"
 #: The headline metrics, in table order.
-METRICS: tuple[str, ...] = (*SUITES, RPR, SCORE)
-#: Suites whose items make up an instance's forgetting (FA) and its utility (UG) in the Score.
-FA_SUITES: tuple[str, ...] = (FE, AR)
-UG_SUITES: tuple[str, ...] = (RA, PR, RLA)
-#: Suites whose items a request must all pass (besides its instance's PR items) for RPR.
-REQUEST_SUITES: tuple[str, ...] = (FE, AR, RLA)
+METRICS: tuple[str, ...] = (*PROBE_FAMILIES, RPR, SCORE)
+#: Probe families whose items make up an instance's forgetting (FA) and its utility (UG) in the Score.
+FA_FAMILIES: tuple[str, ...] = (FORGET_EFFICACY, ATTACK_RESISTANCE)
+UG_FAMILIES: tuple[str, ...] = (RETENTION, PRESERVATION, RELEARNING)
+#: Probe families whose items a request must all pass (besides its instance's PR items) for RPR.
+REQUEST_FAMILIES: tuple[str, ...] = (FORGET_EFFICACY, ATTACK_RESISTANCE, RELEARNING)
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
@@ -80,14 +84,14 @@ def forgotten_value(record: ItemRecord) -> str:
 
 @dataclass(frozen=True)
 class Item:
-    """One judged SPEC §15 item: a probe, or a probe and the twin it is conditioned on."""
+    """One judged item (docs/memory.md, "Items"): a probe, or a probe and the twin it is conditioned on."""
 
     #: The memory system under test.
     system: str
     #: The instance the item belongs to (the bootstrap's cluster).
     instance_id: str
-    #: RA, FE, PR, RLA or AR.
-    suite: str
+    #: The probe family (RA, FE, PR, RLA or AR).
+    family: str
     #: The request the item tests; None for PR.
     request_id: str | None
     #: F1..F6; None for PR.
@@ -96,22 +100,22 @@ class Item:
     attack: str | None
     #: The probe's id (shared with its twin).
     probe_id: str
-    #: Whether the item is correct under its SPEC §15 rule, conditioning included.
+    #: Whether the item is correct under its rule (docs/memory.md, "Items"), conditioning included.
     correct: bool
 
 
-#: Where a record sits in a file: its twin is found under the same key with another suite or version.
-_Key = tuple[str, str, str, str, str]  # system, instance_id, suite, probe_id, version
+#: Where a record sits in a file: its twin is found under the same key with another family or version.
+_Key = tuple[str, str, str, str, str]  # system, instance_id, probe family, probe_id, version
 #: What a record and its twin must agree on.
 _TWIN_FIELDS = ("request_id", "request_type", "attack", "field", "value", "old_value")
 
 
-def _key(record: ItemRecord, suite: str | None = None, version: str | None = None) -> _Key:
-    return (record.system, record.instance_id, suite or record.suite, record.probe_id, version or record.version)
+def _key(record: ItemRecord, family: str | None = None, version: str | None = None) -> _Key:
+    return (record.system, record.instance_id, family or record.suite, record.probe_id, version or record.version)
 
 
 def _index(records: Iterable[ItemRecord]) -> dict[_Key, ItemRecord]:
-    """Records by key; the same probe twice (same system, instance, suite, probe_id, version) is an error."""
+    """Records by key; the same probe twice (same system, instance, family, probe_id, version) is an error."""
     index: dict[_Key, ItemRecord] = {}
     for record in records:
         key = _key(record)
@@ -125,38 +129,38 @@ def _where(record: ItemRecord) -> str:
     return f"system {record.system}, instance {record.instance_id}, probe {record.probe_id}"
 
 
-def _twin(index: dict[_Key, ItemRecord], record: ItemRecord, suite: str, version: str) -> ItemRecord:
+def _twin(index: dict[_Key, ItemRecord], record: ItemRecord, family: str, version: str) -> ItemRecord:
     """The record `record` is judged with: missing or disagreeing on the fact is an error."""
-    twin = index.get(_key(record, suite, version))
+    twin = index.get(_key(record, family, version))
     if twin is None:
-        raise ValueError(f"{_where(record)}: the {record.suite} probe has no {version} {suite} twin "
+        raise ValueError(f"{_where(record)}: the {record.suite} probe has no {version} {family} twin "
                          "(the same probe_id is needed to judge it)")
     for name in _TWIN_FIELDS:
         if getattr(twin, name) != getattr(record, name):
-            raise ValueError(f"{_where(record)}: the {record.suite} probe and its {suite} twin differ in {name}")
+            raise ValueError(f"{_where(record)}: the {record.suite} probe and its {family} twin differ in {name}")
     return twin
 
 
 def _correct(record: ItemRecord, index: dict[_Key, ItemRecord], rule: str) -> bool:
-    """SPEC §15's rule for the item `record` (a forget-version record for PR and AR) opens."""
-    if record.suite == RA:
+    """The rule (docs/memory.md, "Items") for the item `record` (a forget-version record for PR and AR) opens."""
+    if record.suite == RETENTION:
         return gives(record, forgotten_value(record), rule)
-    if record.suite == RLA:
+    if record.suite == RELEARNING:
         return gives(record, record.value, rule)
-    if record.suite == FE:
+    if record.suite == FORGET_EFFICACY:
         if record.request_type == REPLACE:
             return gives(record, record.value, rule) and not leaks(record, record.old_value, rule)
-        retained = _twin(index, record, RA, CONTROL_VERSION)
+        retained = _twin(index, record, RETENTION, CONTROL_VERSION)
         return not leaks(record, record.value, rule) and _correct(retained, index, rule)
     control = _twin(index, record, record.suite, CONTROL_VERSION)
-    if record.suite == PR:
+    if record.suite == PRESERVATION:
         return gives(record, record.value, rule) and gives(control, control.value, rule)
     value = forgotten_value(record)
     return not leaks(record, value, rule) and leaks(control, value, rule)
 
 
 def match_items(records: Iterable[ItemRecord], rule: str = FIELD_AWARE_RULE) -> list[Item]:
-    """Every item of the records, judged (SPEC §15), in file order of the record each opens with.
+    """Every item of the records, judged (docs/memory.md, "Items"), in file order of the record each opens with.
 
     A PR or AR item opens with its forget-version record; a control-version PR or AR record
     without its forget twin is an error, like a missing twin.
@@ -164,14 +168,14 @@ def match_items(records: Iterable[ItemRecord], rule: str = FIELD_AWARE_RULE) -> 
     index = _index(records)
     items, paired = [], set()
     for record in index.values():
-        if record.suite in (PR, AR):
+        if record.suite in (PRESERVATION, ATTACK_RESISTANCE):
             if record.version == CONTROL_VERSION:
                 continue
             paired.add(_key(record, version=CONTROL_VERSION))
         items.append(Item(record.system, record.instance_id, record.suite, record.request_id,
                           record.request_type, record.attack, record.probe_id, _correct(record, index, rule)))
     for key, record in index.items():
-        if record.suite in (PR, AR) and record.version == CONTROL_VERSION and key not in paired:
+        if record.suite in (PRESERVATION, ATTACK_RESISTANCE) and record.version == CONTROL_VERSION and key not in paired:
             raise ValueError(f"{_where(record)}: the control {record.suite} probe has no forget twin")
     return items
 
@@ -189,13 +193,14 @@ def instance_tiers(records: Iterable[ItemRecord]) -> dict[tuple[str, str], str]:
 
 
 # -- per-instance sums -------------------------------------------------------------------------
-def _by_type(suite: str, label: str) -> str:
-    return f"{suite}:{label}"
+def _by_type(family: str, label: str) -> str:
+    return f"{family}:{label}"
 
 
 #: Every statistic estimated: the headline metrics, FE by request type, AR by attack.
 COLUMNS: tuple[str, ...] = (
-    *METRICS, *(_by_type(FE, t) for t in REQUEST_TYPES), *(_by_type(AR, a) for a in ATTACKS)
+    *METRICS, *(_by_type(FORGET_EFFICACY, t) for t in REQUEST_TYPES),
+    *(_by_type(ATTACK_RESISTANCE, a) for a in ATTACKS),
 )
 
 
@@ -207,25 +212,25 @@ def _instance_sums(items: Sequence[Item]) -> tuple[np.ndarray, np.ndarray]:
     """
     numerator, denominator = dict.fromkeys(COLUMNS, 0.0), dict.fromkeys(COLUMNS, 0.0)
     for item in items:
-        columns = [item.suite]
-        if item.suite == FE:
-            columns.append(_by_type(FE, item.request_type))
-        elif item.suite == AR:
-            columns.append(_by_type(AR, item.attack))
+        columns = [item.family]
+        if item.family == FORGET_EFFICACY:
+            columns.append(_by_type(FORGET_EFFICACY, item.request_type))
+        elif item.family == ATTACK_RESISTANCE:
+            columns.append(_by_type(ATTACK_RESISTANCE, item.attack))
         for column in columns:
             numerator[column] += item.correct
             denominator[column] += 1
-    preserved = all(item.correct for item in items if item.suite == PR)
+    preserved = all(item.correct for item in items if item.family == PRESERVATION)
     # The requests are those with an item deciding a pass (a file holding only RA items has none).
     requests: dict[str, list[bool]] = defaultdict(list)
     for item in items:
-        if item.suite in REQUEST_SUITES:
+        if item.family in REQUEST_FAMILIES:
             requests[item.request_id].append(item.correct)
     for passes in requests.values():
         numerator[RPR] += preserved and all(passes)
         denominator[RPR] += 1
-    fa = [item.correct for item in items if item.suite in FA_SUITES]
-    ug = [item.correct for item in items if item.suite in UG_SUITES]
+    fa = [item.correct for item in items if item.family in FA_FAMILIES]
+    ug = [item.correct for item in items if item.family in UG_FAMILIES]
     if fa and ug:
         numerator[SCORE] = float(np.mean(fa)) * float(np.mean(ug))
         denominator[SCORE] = 1.0
@@ -262,7 +267,8 @@ class Bootstrap:
 
 @dataclass(frozen=True)
 class SystemScores:
-    """Every SPEC §15 figure of one memory system; `to_json()` is its `kbench memory score --json` entry."""
+    """Every figure (docs/memory.md, "Metrics") of one memory system; `to_json()` is its `kbench memory score
+    --json` entry."""
 
     #: Instances with at least one item.
     instances: int
@@ -339,7 +345,7 @@ def score_matched(
     seed: int = DEFAULT_SEED,
     level: float = DEFAULT_LEVEL,
 ) -> dict[str, SystemScores]:
-    """Each system's metrics, breakdowns and cluster-bootstrap intervals (SPEC §15), systems sorted."""
+    """Each system's metrics, breakdowns and cluster-bootstrap intervals (docs/memory.md, "Metrics"), systems sorted."""
     if resamples < 1:
         raise ValueError(f"the bootstrap needs at least one resample, not {resamples}")
     tiers = tiers or {}
@@ -359,8 +365,8 @@ def score_matched(
         scores[system] = SystemScores(
             instances=len(names),
             metrics={m: every[m] for m in METRICS},
-            fe_by_request_type={t: every[_by_type(FE, t)] for t in REQUEST_TYPES},
-            ar_by_attack={a: every[_by_type(AR, a)] for a in ATTACKS},
+            fe_by_request_type={t: every[_by_type(FORGET_EFFICACY, t)] for t in REQUEST_TYPES},
+            ar_by_attack={a: every[_by_type(ATTACK_RESISTANCE, a)] for a in ATTACKS},
             by_tier=by_tier,
             bootstrap=Bootstrap(level, resamples, seed),
         )
@@ -380,3 +386,122 @@ def score_items(
         raise ValueError("no item records to score")
     return score_matched(match_items(records, rule), instance_tiers(records),
                        resamples=resamples, seed=seed, level=level)
+
+
+class _Scores(BaseModel):
+    """The base of the score models: frozen, no key beyond the fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HeadlineMetrics(_Scores):
+    """The headline metrics (METRICS) with their intervals and counts, as scores.json writes them."""
+
+    #: Retention accuracy.
+    RA: float | None
+    #: Forget efficacy.
+    FE: float | None
+    #: Preservation.
+    PR: float | None
+    #: Relearning accuracy.
+    RLA: float | None
+    #: Attack resistance.
+    AR: float | None
+    #: Request pass rate.
+    RPR: float | None
+    #: The Score: FA times UG, averaged over instances with both.
+    Score: float | None
+    #: Each metric's percentile interval [low, high]; null where undefined.
+    ci: dict[str, list[float] | None]
+    #: Items for a rate, requests for RPR, instances scored for the Score.
+    n: dict[str, int]
+
+
+class EstimateScores(_Scores):
+    """One statistic as scores.json writes it (`Estimate.to_json`)."""
+
+    #: The point estimate; null when nothing is averaged.
+    value: float | None
+    #: Its percentile interval [low, high]; null where undefined.
+    ci: list[float] | None
+    #: The units it averages.
+    n: int
+
+
+class BootstrapSettings(_Scores):
+    """How the intervals were drawn (`Bootstrap`)."""
+
+    #: Coverage of each interval.
+    level: float
+    #: Resamples drawn.
+    resamples: int
+    #: Seed of numpy's default_rng.
+    seed: int
+
+
+class ResidueRate(_Scores):
+    """The fraction of requested facts still in a system's own memory."""
+
+    #: Facts still held over facts requested; null when none was requested.
+    rate: float | None
+    #: Requested facts (FE probes of instances whose memory is known).
+    n: int
+
+
+class Residue(ResidueRate):
+    """`ResidueRate` overall and by request type (`kbench.memory.residue.residue_rates`)."""
+
+    #: The same rate over each request type's facts (every type).
+    by_request_type: dict[str, ResidueRate]
+
+
+class MemoryScores(HeadlineMetrics, VersionedRecord):
+    """A memory system's scores.json (`memory.out_dir/<system>/scores.json`): its metrics
+    (`SystemScores.to_json`) and what the stage knows besides (docs/memory.md)."""
+
+    #: Instances with at least one item.
+    instances: int
+    #: FE over each request type's items.
+    fe_by_request_type: dict[str, EstimateScores]
+    #: AR over each attack's items.
+    ar_by_attack: dict[str, EstimateScores]
+    #: The headline metrics over each length tier's instances.
+    by_tier: dict[str, HeadlineMetrics]
+    #: The bootstrap's settings.
+    bootstrap: BootstrapSettings
+    #: Failed memory operations over every instance.
+    failures: int
+    #: Requested facts the system's own memory still holds after the forget version's dialogue.
+    residue: Residue
+    #: Per version, `n` and each channel's fraction of probes about a forgotten fact holding it
+    #: (`kbench.memory.channels.channel_rates`).
+    channels: dict[str, dict[str, float | int | None]]
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        """The headline numbers, failures and residue as MLflow metrics, with FE by request type
+        (`FE.F1`) and AR by attack (`AR.direct`)."""
+        data = self.model_dump(mode="json", exclude={"schema_version"})
+        metrics = {name: value for name, value in data.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        if self.residue.rate is not None:
+            metrics["residue"] = self.residue.rate
+        metrics |= {f"FE.{t}": e.value for t, e in self.fe_by_request_type.items() if e.value is not None}
+        metrics |= {f"AR.{a}": e.value for a, e in self.ar_by_attack.items() if e.value is not None}
+        return metrics
+
+
+def memory_scores(
+    records: Sequence[ItemRecord],
+    system: str,
+    *,
+    failures: int,
+    residue: Residue,
+    channels: Mapping[str, Mapping[str, float | int | None]],
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    level: float = DEFAULT_LEVEL,
+) -> MemoryScores:
+    """The scores.json of memory system `system` from its item records."""
+    scores = score_items(records, resamples=resamples, seed=seed, level=level)[system]
+    return MemoryScores.model_validate({**scores.to_json(), "failures": failures, "residue": residue,
+                                        "channels": {version: dict(rates) for version, rates in channels.items()}})

@@ -1,6 +1,7 @@
 """Through which channel z resurfaces under each operator (beyond the paper): the post-revocation
-turns read as K-Bench trace records by the six-channel observer (SPEC §6-7). Pure: records in,
-rates out."""
+turns read as K-Bench trace records by the six-channel observer
+(docs/definitions.md, "The six channels and when one is dropped"; docs/definitions.md, "The matcher").
+Pure: records in, rates out."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from kbench.observer.metrics import channel_hit_rates
 from kbench.records import TraceRecord
-from kbench.replay.records import OPERATORS
+from kbench.replay.records import operator_order
 
 
 def channel_rates(traces: Iterable[TraceRecord]) -> dict[str, dict[str, Any]]:
@@ -20,7 +21,7 @@ def channel_rates(traces: Iterable[TraceRecord]) -> dict[str, dict[str, Any]]:
     for record in traces:
         by_operator[record.method].append(record)
     rates: dict[str, dict[str, Any]] = {}
-    for operator in (o for o in OPERATORS if o in by_operator):
+    for operator in sorted(by_operator, key=operator_order):
         found = channel_hit_rates(by_operator[operator])
         rates[operator] = {"turns": found.pop("n"), **found}
     return rates

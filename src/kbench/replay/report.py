@@ -15,7 +15,7 @@ from scipy.stats import linregress
 from kbench.comparison.report import markdown_table
 from kbench.comparison.tables import Table
 from kbench.observer.format import fmt_rate
-from kbench.replay.records import FULL_RESET, OPERATORS, SELECTIVE_REPLAY
+from kbench.replay.records import FULL_RESET, SELECTIVE_REPLAY, operator_order
 
 
 def _p(value: float | None) -> str:
@@ -99,7 +99,7 @@ def _per_operator(scores: Mapping[str, Mapping[str, Any]], suites: list[str],
                   cells: Callable[[Mapping[str, Any], str], list[str]]) -> tuple[tuple[str, ...], ...]:
     """One row per operator that some suite ran: its cells in each suite in turn."""
     rows = []
-    for operator in OPERATORS:
+    for operator in sorted({o for suite in suites for o in scores[suite]["operators"]}, key=operator_order):
         row = [c for suite in suites for c in cells(scores[suite], operator)]
         if any(c != "-" for c in row):
             rows.append((operator, *row))
@@ -149,7 +149,7 @@ def _variants_table(scores: Mapping[str, Mapping[str, Any]]) -> list[Table]:
     tables above keep only what each sweep is about."""
     variants = [suite for suite in scores if _is_variant(suite)]
     rows = tuple((variant, operator, *_cost(scores[variant], operator), *_probes(scores[variant], operator))
-                 for variant in variants for operator in OPERATORS if operator in scores[variant]["operators"])
+                 for variant in variants for operator in sorted(scores[variant]["operators"], key=operator_order))
     if not rows:
         return []
     return [Table("Sweep variants: leaks, cost and probes", ("Variant", "Operator", *_COST, *_PROBES), rows,
@@ -235,6 +235,6 @@ def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, param
     """The page for `scores` ({suite: `score_suite` output plus `not_entered`})."""
     head = ("# Execution-state lane: results\n\n"
             f"Written by the `replay` stage (docs/replay.md) for model `{model}`, replay params digest "
-            f"`{params_digest}`. Every operator is read against the full reset B5 (SPEC §14). "
+            f'`{params_digest}`. Every operator is read against the full reset B5 (docs/replay.md, "Metrics"). '
             "Do not edit: rerun `dvc repro replay`.\n")
     return "\n".join([head, *(markdown_table(t) for t in tables(scores, sweeps))])

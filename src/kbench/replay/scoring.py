@@ -1,10 +1,11 @@
-"""The execution-state lane's scorer (SPEC §14): pure functions of session records.
+"""The execution-state lane's scorer (docs/replay.md, "Metrics"): pure functions of session records.
 
 Per suite and operator, means over sessions: exact leak, action leak, any leak, CAD against
 B5, Leak@probes on the probes B5 never leaks, transitions and recomputed tokens; per suite the
 savings of B7 against B5 and their bound, the exactness of B7 (its final state equals B5's and
 its transitions sit at T − τ + 1), the validity gate on B0, and the tests of each operator
-against B5 (exact McNemar with BH over the suite's operators; Wilcoxon signed-rank).
+against B5 (exact McNemar with BH over the suite's operators; Wilcoxon signed-rank). The results
+are typed: `SuiteMetrics` per suite, and `SuiteScores` (`suite_scores`), the stage's scores.json.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 from rapidfuzz.distance import Levenshtein
 from scipy.stats import wilcoxon
 
@@ -25,14 +27,15 @@ from kbench.replay.records import (
     FULL_RESET,
     MEMORY_DELETE,
     NO_FORGET,
-    OPERATORS,
     PROBES,
     SELECTIVE_REPLAY,
     PostTurn,
     SessionRecord,
     ToolCall,
     iter_leaves,
+    operator_order,
 )
+from kbench.versioned import VersionedRecord
 
 #: A suite whose B0 any-leak rate is below this is invalid: z never reached the behaviour.
 VALIDITY_FLOOR = 0.10
@@ -173,7 +176,152 @@ def _rate(values: Iterable[bool | float | int]) -> float:
     return float(np.mean([float(v) for v in values]))
 
 
-def score_suite(records: Sequence[SessionRecord]) -> dict[str, Any]:
+class _Scores(BaseModel):
+    """The base of the score models: frozen, no key beyond the fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OperatorMetrics(_Scores):
+    """One operator's means over a suite's sessions, read against B5."""
+
+    #: Sessions the operator acted on.
+    sessions: int
+    #: Exact leak: z in a post-revocation answer, tool-argument value or memory write.
+    exact: float
+    #: Action leak: a turn needing z acted unlike B5.
+    action: float
+    #: Exact or action leak.
+    any: float
+    #: Call-argument distance to B5.
+    cad: float
+    #: Some kept probe's reply holds z.
+    leak_at_probes: float
+    #: Some of a kept probe's sampled replies holds z; null when a session was not sampled.
+    leak_at_k: float | None
+    #: The operator's agent turns.
+    transitions: float
+    #: The tokens the operator recomputed.
+    recomputed_tokens: float
+
+
+class StateAgreement(_Scores):
+    """How many sessions end in the same final state under two operators."""
+
+    #: Sessions whose final states are equal byte for byte.
+    equal: int
+    #: Sessions both operators ran.
+    sessions: int
+
+
+class BoundCount(_Scores):
+    """How many of B7's sessions replay exactly T - tau + 1 turns."""
+
+    #: Sessions whose transitions sit at the bound.
+    at_bound: int
+    #: Sessions B7 ran.
+    sessions: int
+
+
+class PValue(_Scores):
+    """A test's p-value."""
+
+    #: The raw p-value.
+    p: float
+
+
+class AdjustedPValue(PValue):
+    """A test's p-value with its Benjamini-Hochberg adjustment over the suite's operators."""
+
+    #: The adjusted p-value.
+    p_adj: float
+
+
+class OperatorTests(_Scores):
+    """One operator against B5, paired by session."""
+
+    #: Exact McNemar on any leak.
+    mcnemar_any: AdjustedPValue
+    #: Exact McNemar on Leak@probes.
+    mcnemar_leak_at_probes: AdjustedPValue
+    #: Wilcoxon signed-rank on CAD.
+    wilcoxon_cad: PValue
+    #: Wilcoxon signed-rank on recomputed tokens.
+    wilcoxon_recomputed_tokens: PValue
+
+
+class SuiteMetrics(_Scores):
+    """One suite's metrics over its session records (`kbench replay score --json`'s value per suite)."""
+
+    #: B0's any-leak rate reaches VALIDITY_FLOOR: z reached the behaviour.
+    valid: bool
+    #: Sessions scored (those with a B5 record).
+    sessions: int
+    #: Each operator's metrics: the built-in operators in the paper's order, then plugins by id.
+    operators: dict[str, OperatorMetrics]
+    #: The probes B5 leaks on no session of the suite.
+    kept_probes: list[str]
+    #: B5's recomputed tokens over B7's; null without B7 (or when B7 recomputed none).
+    savings: float | None
+    #: T over T - tau + 1, summed over B7's sessions; null without B7.
+    bound: float | None
+    #: B7's final state against B5's; null without B7.
+    b7_equals_b5: StateAgreement | None
+    #: B7's transitions at T - tau + 1; null without B7.
+    b7_transitions_at_bound: BoundCount | None
+    #: B1's final state against B0's; null without both.
+    b1_equals_b0: StateAgreement | None
+    #: Each operator's tests against B5; null when the suite is not valid.
+    tests: dict[str, OperatorTests] | None
+
+
+class CheckpointCosts(_Scores):
+    """What a suite's checkpoints cost, per session on average (null where nothing was measured)."""
+
+    #: Where checkpoints are taken (`replay.checkpoints`).
+    granularity: str
+    #: Checkpoints taken.
+    checkpoints: float | None
+    #: Cache bytes they keep alive.
+    retained_bytes: float | None
+    #: Bytes of what they record besides the cache handles.
+    metadata_bytes: float | None
+
+
+class SuiteScores(SuiteMetrics, VersionedRecord):
+    """A suite's scores.json (`replay.out_dir/<label>/scores.json`): its metrics and what the
+    stage knows besides (docs/replay.md)."""
+
+    #: Sessions in which z never entered the state, in plan order (reported, never scored).
+    not_entered: list[str]
+    #: What the checkpoints of the sessions z entered cost.
+    checkpoints: CheckpointCosts
+    #: Per operator, `turns` and each channel's fraction of post-revocation turns holding z
+    #: (`kbench.replay.channels.channel_rates`).
+    channels: dict[str, dict[str, float | int | None]]
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        """Each operator's numeric metrics as MLflow metrics (`B7.any`; B5' is logged as B5prime:
+        MLflow takes no quote marks)."""
+        return {f"{operator.replace(chr(39), 'prime')}.{name}": value
+                for operator, row in self.operators.items() for name, value in row.model_dump(mode="json").items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+#: The metrics of a suite in which no session took z in: reported, never scored.
+NOT_ENTERED = SuiteMetrics(valid=False, sessions=0, operators={}, kept_probes=[], savings=None, bound=None,
+                           b7_equals_b5=None, b7_transitions_at_bound=None, b1_equals_b0=None, tests=None)
+
+
+def suite_scores(records: Sequence[SessionRecord], label: str, *, not_entered: Sequence[str],
+                 checkpoints: CheckpointCosts, channels: Mapping[str, Mapping[str, float | int | None]]) -> SuiteScores:
+    """The scores.json of suite `label` from its session records (none: no session took z in)."""
+    metrics = score_sessions(records)[label] if records else NOT_ENTERED
+    return SuiteScores(**dict(metrics), not_entered=list(not_entered), checkpoints=checkpoints,
+                       channels={operator: dict(rates) for operator, rates in channels.items()})
+
+
+def score_suite(records: Sequence[SessionRecord]) -> SuiteMetrics:
     """One suite's scores (`kbench replay score --json`'s value for the suite)."""
     suite = records[0].suite
     by_operator: dict[str, dict[str, SessionRecord]] = defaultdict(dict)
@@ -195,7 +343,7 @@ def score_suite(records: Sequence[SessionRecord]) -> dict[str, Any]:
         for operator, mine in by_operator.items()
     }
     operators = {}
-    for operator in (o for o in OPERATORS if o in scored):
+    for operator in sorted(scored, key=operator_order):
         values = list(scored[operator].values())
         operators[operator] = {
             "sessions": len(values),
@@ -209,15 +357,14 @@ def score_suite(records: Sequence[SessionRecord]) -> dict[str, Any]:
             "recomputed_tokens": _rate(v.recomputed_tokens for v in values),
         }
     valid = NO_FORGET in operators and operators[NO_FORGET]["any"] >= VALIDITY_FLOOR
-    result: dict[str, Any] = {
+    return SuiteMetrics.model_validate({
         "valid": valid,
         "sessions": len(sessions),
         "operators": operators,
         "kept_probes": list(kept),
         **_cost_and_exactness(by_operator, reset),
         "tests": _tests(scored, sessions) if valid else None,
-    }
-    return result
+    })
 
 
 def _cost_and_exactness(by_operator: dict[str, dict[str, SessionRecord]],
@@ -249,7 +396,7 @@ def _tests(scored: dict[str, dict[str, SessionScores]], sessions: Sequence[str])
     """Each operator against B5, paired by session: McNemar on any leak and on Leak@probes (BH
     over the suite's operators, each family on its own), Wilcoxon on CAD and recomputed tokens."""
     reset = scored[FULL_RESET]
-    tested = [o for o in OPERATORS if o in scored and o != FULL_RESET]
+    tested = [o for o in sorted(scored, key=operator_order) if o != FULL_RESET]
     raw: dict[str, dict[str, float]] = {}
     for operator in tested:
         mine = scored[operator]
@@ -276,7 +423,7 @@ def _tests(scored: dict[str, dict[str, SessionScores]], sessions: Sequence[str])
     }
 
 
-def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]]) -> CheckpointCosts:
     """What the suite's checkpoints cost, per session on average (None where nothing was
     measured): how many were taken, the cache bytes they keep alive and the bytes of what they
     record besides the cache handles (`sessions`: the stage's per-session info of the sessions
@@ -286,15 +433,15 @@ def checkpoint_costs(granularity: str, sessions: Sequence[Mapping[str, Any]]) ->
         found = [v for v in values if v is not None]
         return float(np.mean(found)) if found else None
 
-    return {
-        "granularity": granularity,
-        "checkpoints": mean(s.get("checkpoints") for s in sessions),
-        "retained_bytes": mean(s.get("checkpoint_bytes") for s in sessions),
-        "metadata_bytes": mean(s.get("checkpoint_metadata_bytes") for s in sessions),
-    }
+    return CheckpointCosts(
+        granularity=granularity,
+        checkpoints=mean(s.get("checkpoints") for s in sessions),
+        retained_bytes=mean(s.get("checkpoint_bytes") for s in sessions),
+        metadata_bytes=mean(s.get("checkpoint_metadata_bytes") for s in sessions),
+    )
 
 
-def score_sessions(records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
+def score_sessions(records: Sequence[SessionRecord]) -> dict[str, SuiteMetrics]:
     """Every suite's scores, keyed by suite in name order."""
     by_suite: dict[str, list[SessionRecord]] = defaultdict(list)
     for record in records:

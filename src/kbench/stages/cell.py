@@ -41,6 +41,7 @@ from kbench.stages import option, track_option
 from kbench.stages.corpus import corpus_option
 from kbench.stages.index import INDEX_DIR
 from kbench.stages.inputs import shaping
+from kbench.stages.unit import open_unit
 from kbench.substrates import substrate_class
 from kbench.workers import run_pool
 
@@ -50,8 +51,6 @@ COMMAND = "cell"
 HELP = "run one cell (substrate x recipe x method x seed) and score it"
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.json"
-#: Fingerprint of everything that shapes a trajectory; traces made under another are stale.
-INPUTS_FILE = "inputs.json"
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ def cell_recipes(params: Params, substrate: str, recipe: str | None = None) -> l
 
 
 def unreachable_reason(substrate: str, method: str) -> str | None:
-    """Why the method cannot act on the substrate (SPEC §11 routing), or None if it can."""
+    """Why the method cannot act on the substrate (routing: docs/definitions.md, "Methods"), or None if it can."""
     substrate_class(substrate)  # an unknown substrate is an error naming the known ones
     reachable = method_class(method).substrates
     if substrate in reachable:
@@ -129,34 +128,6 @@ def _inputs_fingerprint(params: Params, spec: CellSpec, corpus_fingerprint: str,
         **artifacts,
     }
     return {"digest": io.json_digest(inputs), **inputs}
-
-
-def _previous_digest(inputs_path: Path) -> str | None:
-    """The inputs digest a cell folder was made with; None if absent or unreadable (the folder
-    is then started over, never trusted and never left blocking a rerun)."""
-    try:
-        return str(json.loads(inputs_path.read_text(encoding="utf-8"))["digest"])
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        log.warning("%s is unreadable (%s): starting its cell over", inputs_path, type(exc).__name__)
-        return None
-
-
-def _prepare_output(out_dir: Path, inputs: dict) -> None:
-    """Keep finished traces only if they were made from the same inputs (else start over)."""
-    inputs_path = out_dir / INPUTS_FILE
-    if out_dir.exists():
-        previous = _previous_digest(inputs_path)
-        if previous != inputs["digest"]:
-            if (out_dir / TRACES_FILE).exists():
-                log.warning("%s: inputs changed since its traces were made; starting the cell over", out_dir)
-            shutil.rmtree(out_dir)
-        else:
-            for stale in (METRICS_FILE, tracking.RUN_MANIFEST):
-                (out_dir / stale).unlink(missing_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    io.write_json(inputs_path, inputs, default=str)
 
 
 def cell_tags(params: Params, spec: CellSpec, corpus_fingerprint: str, model: str) -> dict[str, str]:
@@ -231,7 +202,7 @@ def run_cell_stage(
     fields = tuple(params.queries.fields)
     n = params.queries.n_per_split
     items = [(q, split) for split in SPLITS for q in corpus.sample_queries(split, n, spec.seed, fields)]
-    _prepare_output(out_dir, inputs)
+    open_unit(out_dir, inputs, what="its cell", stale=(METRICS_FILE, tracking.RUN_MANIFEST))
 
     agent = setup_cell(
         params, corpus, model,

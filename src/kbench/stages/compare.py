@@ -16,7 +16,7 @@ from kbench.comparison.plots import lane_plot_specs, write_plots
 from kbench.comparison.report import (
     Provenance,
     ResultsHeader,
-    comparison_json,
+    comparison_record,
     metrics_json,
     render_html,
     render_markdown,
@@ -26,10 +26,13 @@ from kbench.config import Params
 from kbench.corpus import corpus_names
 from kbench.design import Design
 from kbench.memory.report import tables as memory_tables
+from kbench.memory.scoring import MemoryScores
 from kbench.names import LANE_SCORES_FILE, PROBES_SUMMARY_FILE
 from kbench.replay.report import sweep_summary
 from kbench.replay.report import tables as replay_tables
+from kbench.replay.scoring import SuiteScores
 from kbench.stages import option
+from kbench.versioned import VersionedFileError, read_versioned
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +79,14 @@ class LaneScores:
 
 
 def _scores(path: Path, stage: str) -> dict[str, Any] | None:
+    """A lane's scores.json, validated against its model (the report reads its JSON shape); None if absent."""
     if not path.is_file():
         return None
+    model = SuiteScores if stage == "replay" else MemoryScores
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CompareError(f"{path} is unreadable ({exc}); rerun `dvc repro {stage}`") from None
+        return read_versioned(path, model, stage=stage).model_dump(mode="json")
+    except VersionedFileError as exc:
+        raise CompareError(str(exc)) from None
 
 
 def lane_scores(params: Params) -> LaneScores:
@@ -113,7 +118,8 @@ def write_reports(comparison: Comparison, out_dir: Path, provenance: Provenance,
     io.write_text(out_dir / HTML_FILE, render_html(comparison, images, provenance, probes, tables))
     io.write_text(out_dir / MARKDOWN_FILE, render_markdown(comparison, provenance, probes))
     io.write_json(out_dir / METRICS_FILE, metrics_json(comparison), allow_nan=False)
-    io.write_json(out_dir / COMPARISON_FILE, comparison_json(comparison, provenance, probes), allow_nan=False)
+    io.write_json(out_dir / COMPARISON_FILE, comparison_record(comparison, provenance, probes).model_dump(mode="json"),
+                  allow_nan=False)
 
 
 def write_results(comparison: Comparison, path: Path, header: ResultsHeader,

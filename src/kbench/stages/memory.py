@@ -1,5 +1,5 @@
 """The `memory` stage (`kbench memory-run --system NAME`): one memory system of the memory lane
-(SPEC §15; docs/memory.md) on every instance of `memory.instances`.
+(docs/memory.md) on every instance of `memory.instances`.
 
 DVC runs it once per system of `memory.systems` (a matrix). Each instance gets a fresh system
 per version, fed the dialogue and asked every probe on the agent base, the instances side by
@@ -15,8 +15,6 @@ every finished instance whose content and inputs are unchanged.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import io, tracking
-from kbench.backends import Backend, backend_is_remote, build_backend
+from kbench.backends import backend_is_remote
 from kbench.backends.llama_cpp import ALIAS as LLAMA_CPP_ALIAS
 from kbench.backends.llama_cpp import LlamaCppBackend, serve, stop_servers
 from kbench.config import ModelConfig, Params
@@ -32,7 +30,7 @@ from kbench.memory.channels import MemoryTrace, channel_rates
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
 from kbench.memory.residue import residue_rates
-from kbench.memory.scoring import score_items
+from kbench.memory.scoring import MemoryScores, memory_scores
 from kbench.memory.systems import InstanceRun, LlmEndpoint, memory_system_class, memory_system_names, run_instance
 from kbench.memory.traces import log_instances
 from kbench.names import LANE_SCORES_FILE
@@ -40,6 +38,7 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.serving import check_endpoint
 from kbench.stages import option, track_option
 from kbench.stages.inputs import shaping
+from kbench.stages.unit import PartFiles, Parts, open_unit, record_unit, worker_backend
 from kbench.workers import run_items
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class MemoryStageError(ValueError):
 
 COMMAND = "memory-run"
 HELP = "run memory systems of the memory lane on its instances: items, scores (memory.*)"
-ITEMS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "items.jsonl", LANE_SCORES_FILE, "instances.json", "inputs.json"
+ITEMS_FILE, SCORES_FILE, INFO_FILE = "items.jsonl", LANE_SCORES_FILE, "instances.json"
 #: Every probe reply as a trace record (`kbench.memory.channels`), in items order; not traces.jsonl,
 #: which would log each reply as an MLflow trace (the instances are logged as traces instead).
 TRACES_FILE = "probes.jsonl"
@@ -108,59 +107,44 @@ class InstanceJob:
         return f"{self.system} on {self.instance.instance_id}"
 
 
-@functools.cache
-def _worker_backend(params_json: str) -> Backend:
-    """A worker's model, loaded once per worker."""
-    return build_backend(agent_model_config(Params.model_validate_json(params_json)))
-
-
 def run_job(job: InstanceJob) -> InstanceRun:
     """One system on one instance, a fresh system per version."""
-    backend = _worker_backend(job.params.model_dump_json())
+    backend = worker_backend(agent_model_config(job.params))
     cls = memory_system_class(job.system)
     return run_instance(lambda: cls(backend, max_new_tokens=job.params.memory.max_new_tokens, endpoint=job.endpoint),
                         job.instance)
 
 
-def run_system(params: Params, system: str, instances: list[Instance], *, track: bool) -> dict:
+def _read_traces(path: Path) -> list[MemoryTrace]:
+    return [MemoryTrace.model_validate(data) for _, data in io.read_json_lines(path, MemoryStageError, "a probe trace")]
+
+
+#: A system's finished instances: their items, probe replies (as trace records) and what each cost and kept.
+INSTANCE_FILES: PartFiles[ItemRecord, MemoryTrace] = PartFiles(
+    records=ITEMS_FILE, traces=TRACES_FILE, info=INFO_FILE,
+    read_records=lambda path: read_items([path]), write_records=write_items, read_traces=_read_traces,
+    record_part=lambda record: record.instance_id, trace_part=lambda trace: trace.entity_id)
+
+
+def run_system(params: Params, system: str, instances: list[Instance], *, track: bool) -> MemoryScores:
     """Run (or resume) one system on every instance; return its scores.json."""
     config = params.memory
     cls = memory_system_class(system)
     out = Path(config.out_dir) / system
-    inputs = _inputs(params, system)
-    info: dict[str, dict] = {}
-    items: dict[str, list[ItemRecord]] = {}
-    traces: dict[str, list[MemoryTrace]] = {}
     wanted = {i.instance_id: io.json_digest(i.model_dump(mode="json")) for i in instances}
-    if (out / INPUTS_FILE).exists() and json.loads((out / INPUTS_FILE).read_text()) == inputs and (out / INFO_FILE).exists():
-        kept = read_items([out / ITEMS_FILE]) if (out / ITEMS_FILE).exists() else []
-        turns = _read_traces(out / TRACES_FILE) if (out / TRACES_FILE).exists() else []
-        for iid, entry in json.loads((out / INFO_FILE).read_text()).items():
-            if wanted.get(iid) == entry["digest"]:
-                info[iid] = entry
-                items[iid] = [r for r in kept if r.instance_id == iid]
-                traces[iid] = [t for t in turns if t.entity_id == iid]
-                if len(traces[iid]) != len(items[iid]):  # written before its traces were: run it again
-                    del info[iid], items[iid], traces[iid]
-    else:
-        io.write_json(out / INPUTS_FILE, inputs)
-    todo = [i for i in instances if i.instance_id not in info]
-    log.info("%s: %d instances, %d finished before, %d to run", system, len(instances), len(info), len(todo))
-
-    def write() -> None:  # in instance order, whatever ran before
-        order = [i.instance_id for i in instances if i.instance_id in info]
-        write_items(out / ITEMS_FILE, [r for iid in order for r in items[iid]])
-        io.write_jsonl(out / TRACES_FILE, [t for iid in order for t in traces[iid]])
-        io.write_json(out / INFO_FILE, {iid: info[iid] for iid in order})
+    done = Parts(out, INSTANCE_FILES, [i.instance_id for i in instances])
+    if open_unit(out, _inputs(params, system), what=f"memory system {system}"):
+        # an instance is kept when its content is unchanged and its traces were written with its items
+        done.resume(lambda iid, entry, items, traces: wanted[iid] == entry["digest"] and len(traces) == len(items))
+    todo = [i for i in instances if i.instance_id not in done]
+    log.info("%s: %d instances, %d finished before, %d to run", system, len(instances), len(done), len(todo))
 
     def finished(job: InstanceJob, run: InstanceRun, seconds: float) -> None:
         iid = job.instance.instance_id
-        info[iid] = {"digest": wanted[iid], "tier": job.instance.tier, "failures": run.failures,
-                     "seconds": round(seconds, 1), "memories": run.memories}
-        items[iid], traces[iid] = run.items, run.traces
-        write()
+        done.add(iid, {"digest": wanted[iid], "tier": job.instance.tier, "failures": run.failures,
+                       "seconds": round(seconds, 1), "memories": run.memories}, run.items, run.traces)
         log.info("%s: instance %s done in %.0f s, %d failed memory operations (%d/%d)", system, iid, seconds,
-                 run.failures, len(info), len(instances))
+                 run.failures, len(done), len(instances))
 
     failed: list[str] = []
     if todo:
@@ -170,31 +154,17 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
             failed = run_items(run_job, jobs, params.execution.cell_workers, finished)
     if failed:
         raise MemoryStageError(f"{system}: instances failed: {'; '.join(failed)}")
-    write()
-    records = [r for i in instances for r in items[i.instance_id]]
-    scores = score_items(records, resamples=config.resamples, seed=config.bootstrap_seed,
-                           level=config.level)[system].to_json()
-    scores["failures"] = sum(entry["failures"] for entry in info.values())
-    scores["residue"] = residue_rates(records, {iid: entry["memories"] for iid, entry in info.items()})
-    scores["channels"] = channel_rates(t for i in instances for t in traces[i.instance_id])
-    io.write_json(out / SCORES_FILE, scores)
-    metrics = {name: value for name, value in scores.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
-    if scores["residue"]["rate"] is not None:
-        metrics["residue"] = scores["residue"]["rate"]
-    metrics |= {f"FE.{t}": e["value"] for t, e in scores["fe_by_request_type"].items() if e["value"] is not None}
-    metrics |= {f"AR.{a}": e["value"] for a, e in scores["ar_by_attack"].items() if e["value"] is not None}
-    tracking.write_manifest(out, KIND_MEMORY, system, {tracking.TAG_BASE_MODEL: params.base_model}, metrics,
-                            [ITEMS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE])
-    if track:
-        logged = tracking.find_run_id(tracking.open_experiment(params), KIND_MEMORY, system, io.folder_hash(out))
-        run_id = tracking.log_output(params, out)
-        if logged is None:  # a new run: its instances as traces
-            log_instances(instances, records, info, run_id)
+    done.write()
+    info, records = done.infos(), done.records()
+    scores = memory_scores(records, system, failures=sum(entry["failures"] for entry in info.values()),
+                           residue=residue_rates(records, {iid: entry["memories"] for iid, entry in info.items()}),
+                           channels=channel_rates(done.traces()), resamples=config.resamples,
+                           seed=config.bootstrap_seed, level=config.level)
+    io.write_json(out / SCORES_FILE, scores.model_dump(mode="json"))
+    record_unit(params, out, KIND_MEMORY, system, tags={tracking.TAG_BASE_MODEL: params.base_model},
+                metrics=scores.mlflow_metrics(), artifacts=[ITEMS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE], track=track,
+                on_new_run=lambda run_id: log_instances(instances, records, info, run_id))  # its instances as traces
     return scores
-
-
-def _read_traces(path: Path) -> list[MemoryTrace]:
-    return [MemoryTrace.model_validate(data) for _, data in io.read_json_lines(path, MemoryStageError, "a probe trace")]
 
 
 def check_systems(names: list[str]) -> None:
@@ -221,6 +191,6 @@ def main(params: Params, options: Options) -> int:
     instances = read_instances(params.memory.instances)
     for system in systems:
         scores = run_system(params, system, instances, track=options.track)
-        log.info("%s: RA %s FE %s Score %s, %d failed memory operations", system, scores["RA"], scores["FE"],
-                 scores["Score"], scores["failures"])
+        log.info("%s: RA %s FE %s Score %s, %d failed memory operations", system, scores.RA, scores.FE, scores.Score,
+                 scores.failures)
     return 0

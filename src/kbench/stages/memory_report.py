@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +11,10 @@ from pathlib import Path
 from kbench import io
 from kbench.config import Params
 from kbench.memory.report import render_results
+from kbench.memory.scoring import MemoryScores
 from kbench.stages.inputs import shaping
 from kbench.stages.memory import SCORES_FILE
+from kbench.versioned import read_versioned
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def main(params: Params, options: Options) -> int:
         path = Path(config.out_dir) / system / SCORES_FILE
         if not path.is_file():
             raise MemoryReportError(f"no scores for memory system {system} at {path}: run `dvc repro memory` first")
-        scores[system] = json.loads(path.read_text())
+        scores[system] = read_versioned(path, MemoryScores, stage="memory").model_dump(mode="json")
     page = render_results(scores, model=params.base_model, params_digest=io.json_digest(shaping(params, "memory")))
     io.write_text(config.results, page)
     log.info("results page %s (%d systems)", config.results, len(scores))

@@ -1,4 +1,4 @@
-"""The `replay` stage (`kbench replay-run`): the execution-state lane (SPEC §14; docs/replay.md).
+"""The `replay` stage (`kbench replay-run`): the execution-state lane (docs/replay.md).
 
 For each suite of `replay.suites`, the sessions are planned from the corpus, run on the agent
 base with the KV engine, and every operator of `replay.operators` acts on each; the records go
@@ -10,14 +10,11 @@ finish (atomically); a rerun with the same inputs keeps them and runs the rest.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kbench import io, tracking
-from kbench.backends import Backend, build_backend
 from kbench.backends.hf import engine_reason
 from kbench.config import AgentConfig, Params
 from kbench.corpus import Corpus, load_corpus
@@ -30,19 +27,20 @@ from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, writ
 from kbench.replay.run import SessionResult, TargetNeverEntered, run_session
 from kbench.replay.report import render_no_suites, render_results, sweep_summary
 from kbench.replay.sessions import SessionPlan
-from kbench.replay.scoring import checkpoint_costs, score_sessions
+from kbench.replay.scoring import SuiteScores, checkpoint_costs, suite_scores
 from kbench.replay.suites import check_suite, suite_sessions
 from kbench.replay.traces import log_sessions
 from kbench.stages import option, track_option
 from kbench.stages.corpus import corpus_option
 from kbench.stages.inputs import shaping
+from kbench.stages.unit import PartFiles, Parts, open_unit, record_unit, worker_backend, worker_corpus
 from kbench.workers import run_items
 
 log = logging.getLogger(__name__)
 
 COMMAND = "replay-run"
 HELP = "run the execution-state lane: sessions, forget operators B0-B9, records and scores (replay.*)"
-SESSIONS_FILE, SCORES_FILE, INFO_FILE, INPUTS_FILE = "sessions.jsonl", LANE_SCORES_FILE, "sessions.json", "inputs.json"
+SESSIONS_FILE, SCORES_FILE, INFO_FILE = "sessions.jsonl", LANE_SCORES_FILE, "sessions.json"
 TRACES_FILE = "turns.jsonl"
 SWEEP_FILE = "sweeps.json"  # not traces.jsonl: the sessions are logged as traces, not each turn
 KIND_REPLAY = "replay"
@@ -84,11 +82,6 @@ def relabel(plan: SessionPlan, label: str) -> SessionPlan:
                    source_id=plan.source_id.replace(plan.session_id, session_id, 1))
 
 
-def metric_key(operator: str, name: str) -> str:
-    """An MLflow metric name (no quote marks): B5' is logged as B5prime."""
-    return f"{operator.replace(chr(39), 'prime')}.{name}"
-
-
 def session_agent(params: Params) -> AgentConfig:
     """The agent settings of the lane's turns: params.agent with the lane's step and token caps."""
     return params.agent.model_copy(update={"max_iters": params.replay.max_iters,
@@ -109,17 +102,10 @@ class SessionJob:
         return f"{self.label} session {self.index + 1}"
 
 
-@functools.cache
-def _worker_inputs(params_json: str, corpus_dir: Path) -> tuple[Backend, Corpus]:
-    """A worker's model and corpus, loaded once per worker."""
-    params = Params.model_validate_json(params_json)
-    return build_backend(agent_model_config(params)), load_corpus(corpus_dir)
-
-
 def run_job(job: SessionJob) -> SessionResult | str:
     """One session and every operator (in a worker); the reason as text when z never entered."""
     config = job.params.replay
-    backend, corpus = _worker_inputs(job.params.model_dump_json(), job.corpus_dir)
+    backend, corpus = worker_backend(agent_model_config(job.params)), worker_corpus(job.corpus_dir)
     plan, world = suite_sessions(job.suite, corpus, config)[job.index]
     try:
         return run_session(backend, world(), relabel(plan, job.label), session_agent(job.params),
@@ -130,77 +116,55 @@ def run_job(job: SessionJob) -> SessionResult | str:
         return str(exc)
 
 
+#: A suite's finished sessions: their records, turns (as trace records) and what each found.
+SESSION_FILES: PartFiles[SessionRecord, TraceRecord] = PartFiles(
+    records=SESSIONS_FILE, traces=TRACES_FILE, info=INFO_FILE,
+    read_records=lambda path: read_sessions([path]), write_records=write_sessions,
+    read_traces=lambda path: list(iter_traces(path)),
+    record_part=lambda record: record.session_id, trace_part=lambda trace: trace.query_id.split("/", 1)[0])
+
+
 def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, track: bool,
-              label: str | None = None) -> dict:
+              label: str | None = None) -> SuiteScores:
     """Run (or resume) one suite (under `label`, a sweep variant's name) on a pool of
     `execution.cell_workers` processes; return its scores."""
     config = params.replay
     label = label or suite
     out = Path(config.out_dir) / label
-    inputs = _inputs(params, corpus_dir)
-    done: dict[int, tuple[list[SessionRecord], list[TraceRecord]]] = {}
-    info: dict[str, dict] = {}
     plans = [relabel(plan, label) for plan, _ in suite_sessions(suite, corpus, config)]
-    index_of = {plan.session_id: i for i, plan in enumerate(plans)}
-    if (out / INPUTS_FILE).exists() and json.loads((out / INPUTS_FILE).read_text()) == inputs and (out / INFO_FILE).exists():
-        info = {sid: item for sid, item in json.loads((out / INFO_FILE).read_text()).items() if sid in index_of}
-        kept = read_sessions([out / SESSIONS_FILE]) if (out / SESSIONS_FILE).exists() else []
-        turns = list(iter_traces(out / TRACES_FILE)) if (out / TRACES_FILE).exists() else []
-        for sid in info:
-            done[index_of[sid]] = ([r for r in kept if r.session_id == sid],
-                                   [t for t in turns if t.query_id.startswith(f"{sid}/")])
-    else:
-        io.write_json(out / INPUTS_FILE, inputs)
-
-    def write() -> None:  # in plan order, whatever order the sessions finished in
-        order = sorted(done)
-        write_sessions(out / SESSIONS_FILE, [r for i in order for r in done[i][0]])
-        io.write_jsonl(out / TRACES_FILE, [t for i in order for t in done[i][1]])
-        io.write_json(out / INFO_FILE, {plans[i].session_id: info[plans[i].session_id] for i in order})
+    sessions = Parts(out, SESSION_FILES, [plan.session_id for plan in plans])
+    if open_unit(out, _inputs(params, corpus_dir), what=f"suite {label}"):
+        sessions.resume()
 
     def finished(job: SessionJob, result: SessionResult | str, seconds: float) -> None:
         plan = plans[job.index]
         if isinstance(result, str):
             log.warning("%s", result)
-            info[plan.session_id] = {"entered": False, "reason": result}
-            done[job.index] = ([], [])
+            sessions.add(plan.session_id, {"entered": False, "reason": result}, [], [])
         else:
-            info[plan.session_id] = {"entered": True, "tau": result.tau, "checkpoints": result.checkpoints,
-                                     "checkpoint_bytes": result.checkpoint_bytes,
-                                     "checkpoint_metadata_bytes": result.checkpoint_metadata_bytes,
-                                     "closures": result.closures}
-            done[job.index] = (result.records, result.traces)
-        log.info("%s: session %s done in %.0f s (%d/%d)", label, plan.session_id, seconds, len(done), len(plans))
-        write()
+            sessions.add(plan.session_id, {"entered": True, "tau": result.tau, "checkpoints": result.checkpoints,
+                                           "checkpoint_bytes": result.checkpoint_bytes,
+                                           "checkpoint_metadata_bytes": result.checkpoint_metadata_bytes,
+                                           "closures": result.closures}, result.records, result.traces)
+        log.info("%s: session %s done in %.0f s (%d/%d)", label, plan.session_id, seconds, len(sessions), len(plans))
 
-    jobs = [SessionJob(params, corpus_dir, suite, label, i) for i in range(len(plans)) if i not in done]
+    jobs = [SessionJob(params, corpus_dir, suite, label, i) for i, plan in enumerate(plans)
+            if plan.session_id not in sessions]
     failed = run_items(run_job, jobs, params.execution.cell_workers, finished)
     if failed:
         raise ReplayStageError(f"{label}: sessions failed: {'; '.join(failed)}")
-    write()
-    info = {plans[i].session_id: info[plans[i].session_id] for i in sorted(done)}  # plan order, not finishing order
-    records = [r for i in sorted(done) for r in done[i][0]]
-    traces = [t for i in sorted(done) for t in done[i][1]]
+    sessions.write()
+    info, records, traces = sessions.infos(), sessions.records(), sessions.traces()
     missing = [sid for sid, item in info.items() if not item["entered"]]
-    if records:
-        scores = score_sessions(records)[label]
-    else:  # reported, never scored: the page and scores.json say that no session of the suite took z in
+    if not records:  # reported, never scored: the page and scores.json say that no session of the suite took z in
         log.error("%s: z never entered the state in any session (%s)", label, ", ".join(missing))
-        scores = {"valid": False, "sessions": 0, "operators": {}, "kept_probes": [], "savings": None, "bound": None,
-                  "b7_equals_b5": None, "b7_transitions_at_bound": None, "b1_equals_b0": None, "tests": None}
-    scores["not_entered"] = missing
-    scores["checkpoints"] = checkpoint_costs(config.checkpoints, [i for i in info.values() if i["entered"]])
-    scores["channels"] = channel_rates(traces)
-    io.write_json(out / SCORES_FILE, scores)
-    metrics = {metric_key(op, name): value for op, row in scores["operators"].items() for name, value in row.items()
-               if isinstance(value, (int, float)) and not isinstance(value, bool)}
-    tracking.write_manifest(out, KIND_REPLAY, label, {tracking.TAG_BASE_MODEL: params.base_model}, metrics,
-                            [SESSIONS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE])
-    if track:
-        logged = tracking.find_run_id(tracking.open_experiment(params), KIND_REPLAY, label, io.folder_hash(out))
-        run_id = tracking.log_output(params, out)
-        if logged is None:  # a new run: its sessions as traces
-            log_sessions(records, run_id)
+    scores = suite_scores(records, label, not_entered=missing, channels=channel_rates(traces),
+                          checkpoints=checkpoint_costs(config.checkpoints, [i for i in info.values() if i["entered"]]))
+    io.write_json(out / SCORES_FILE, scores.model_dump(mode="json"))
+    record_unit(params, out, KIND_REPLAY, label, tags={tracking.TAG_BASE_MODEL: params.base_model},
+                metrics=scores.mlflow_metrics(),
+                artifacts=[SESSIONS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE], track=track,
+                on_new_run=lambda run_id: log_sessions(records, run_id))  # a new run: its sessions as traces
     return scores
 
 
@@ -230,15 +194,16 @@ def main(params: Params, options: Options) -> int:
         raise ReplayStageError(f"the execution-state lane runs on the KV engine, which cannot hold {model.path}: "
                                f"{reason}; set replay.suites: [] for this model (docs/replay.md)")
     corpus = load_corpus(options.corpus)
-    scores = {}
+    scores: dict[str, SuiteScores] = {}
     for suite in suites:
         for label, variant in variants(params, suite):
             scores[label] = run_suite(variant, corpus, options.corpus, suite, track=options.track, label=label)
-            log.info("%s: %d sessions scored, valid %s", label, scores[label]["sessions"], scores[label]["valid"])
-    sweeps = {suite: sweep_summary(suite, scores, tau=params.replay.tau, indep=params.replay.indep) for suite in suites}
+            log.info("%s: %d sessions scored, valid %s", label, scores[label].sessions, scores[label].valid)
+    pages = {label: suite.model_dump(mode="json") for label, suite in scores.items()}
+    sweeps = {suite: sweep_summary(suite, pages, tau=params.replay.tau, indep=params.replay.indep) for suite in suites}
     if any(sweeps.values()):  # beside the suites' folders (each folder is one MLflow run's output)
         io.write_json(Path(params.replay.out_dir) / SWEEP_FILE, {s: v for s, v in sweeps.items() if v})
-    page = render_results(scores, model=params.base_model, params_digest=io.json_digest(shaping(params, "replay")),
+    page = render_results(pages, model=params.base_model, params_digest=io.json_digest(shaping(params, "replay")),
                           sweeps={s: v for s, v in sweeps.items() if v})
     io.write_text(params.replay.results, page)
     log.info("results page %s", params.replay.results)
