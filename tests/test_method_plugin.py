@@ -6,14 +6,12 @@ method")."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import yaml
+from _plugins import fresh_list, plugin_fixtures
 from _agent_fixtures import index_dir, small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
 
 from kbench.cli.main import main
@@ -30,27 +28,9 @@ NAME = re.search(r'@register_method\("([^"]+)"', SOURCE)[1]
 MODULE = "kbench_docs_" + NAME.replace("-", "_")
 
 
-@pytest.fixture
-def plugin_path(tmp_path_factory):
-    """A folder holding the method module and an installed distribution's metadata that names
-    it in the `kbench.methods` entry points (what `pip install` of a user's project writes)."""
-    folder = tmp_path_factory.mktemp("user-project")
-    (folder / f"{MODULE}.py").write_text(SOURCE, encoding="utf-8")
-    info = folder / f"{MODULE}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {MODULE}\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{NAME} = {MODULE}\n", encoding="utf-8")
-    return folder
-
-
-@pytest.fixture
-def plugin(plugin_path, monkeypatch):
-    """The plugin loaded in this process as the package loads it; unloaded afterwards."""
-    monkeypatch.syspath_prepend(str(plugin_path))
-    assert MODULE in load_plugins()
-    yield plugin_path
-    unregister_method(NAME)
-    sys.modules.pop(MODULE, None)
+#: The user's project, installed (`plugin_path`), and the plugin loaded in this process (`plugin`).
+plugin_path, plugin = plugin_fixtures(MODULE, SOURCE, ENTRY_POINT_GROUP, NAME, load_plugins,
+                                      lambda: unregister_method(NAME))
 
 
 def method_class_family(source: str) -> str:
@@ -60,10 +40,7 @@ def method_class_family(source: str) -> str:
 
 def test_a_user_method_is_listed_by_a_fresh_kbench(plugin_path):
     """The way a user runs it: the module is on the path (installed), kbench finds it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "kbench.cli.main", "list", "methods", "--json"], cwd=REPO, env=env,
-                         capture_output=True, text=True, check=True).stdout
-    rows = {row["name"]: row for row in json.loads(out)}
+    rows = {row["name"]: row for row in fresh_list(plugin_path, "methods")}
     assert rows[NAME]["family"] == method_class_family(SOURCE)
     assert rows[NAME]["description"] == re.search(r'class \w+\(Method\):\n\s+"""(.+?)"""', SOURCE)[1]
     assert set(rows) - {NAME} == set(method_names())  # the built-in ones, unchanged

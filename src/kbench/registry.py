@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Collection, Iterable
+from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -55,3 +56,27 @@ def import_submodules(package: str, path: Iterable[str], *, skip: Collection[str
     for module in pkgutil.iter_modules(path):
         if module.name not in skip:
             importlib.import_module(f"{package}.{module.name}")
+
+
+def import_entry_points(group: str) -> list[str]:
+    """Import every module named in the entry points of `group` of the installed distributions
+    (`[project.entry-points."<group>"]`), in entry-point name order: each registers its entries
+    when imported. Returns the modules; a module imported before is not imported again."""
+    loaded = []
+    for point in sorted(entry_points(group=group), key=lambda p: (p.name, p.value)):
+        importlib.import_module(point.module)
+        loaded.append(point.module)
+    return loaded
+
+
+#: The entry-point groups whose plugins this process has imported (each is read once).
+_PLUGIN_GROUPS: set[str] = set()
+
+
+def import_package_and_plugins(package: str, path: Iterable[str], group: str) -> None:
+    """Import every module of `package`, then, the first time only, those named in `group`'s
+    entry points: what a kind's first lookup runs (operators, memory systems)."""
+    import_submodules(package, path)
+    if group not in _PLUGIN_GROUPS:
+        _PLUGIN_GROUPS.add(group)
+        import_entry_points(group)

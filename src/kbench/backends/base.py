@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, Protocol, TypedDict
 
 from kbench.config import ModelConfig
 from kbench.registry import Registry
@@ -46,6 +46,60 @@ class Request:
     sessions: Sequence[Any] | None = None
     #: Whether the backend may reuse work across conversations that start alike.
     share_prefixes: bool = True
+
+
+class KVSession(Protocol):
+    """One sequence's KV cache (`KVSessions.open`; the hf backend's `kbench.backends.engine.KVState`):
+    cut back, saved, restored and forked without copying the cache."""
+
+    #: The token ids whose keys and values it holds, in order.
+    tokens: list[int]
+
+    @property
+    def length(self) -> int:
+        """How many tokens it holds."""
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens."""
+
+    def checkpoint(self) -> Any:
+        """A handle of the cache as it is now (a `tokens` attribute and references: nothing copied)."""
+
+    def restore(self, checkpoint: Any) -> None:
+        """Hold what `checkpoint` held."""
+
+    def fork(self) -> KVSession:
+        """A session of its own holding the same cache (shared, never rewritten)."""
+
+
+class KVSessions(Protocol):
+    """The KV-cache operations the execution-state lane runs on (`Backend.kv_sessions`;
+    docs/replay.md): sessions opened, prefilled and decoded from, with the prompts' token ids and
+    the tokens fed so far. A session computes from its own cache only, never from a prefix shared
+    with another session, so a replay does the first run's arithmetic."""
+
+    def open(self) -> KVSession:
+        """A fresh, empty session."""
+
+    def encode(self, conversation: Conversation) -> list[int]:
+        """The prompt's token ids (the chat template with the assistant turn opened)."""
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of generated token ids, special tokens left out."""
+
+    def prefill(self, sessions: Sequence[KVSession], prompts: Sequence[Sequence[int]]) -> None:
+        """Make each session hold its prompt, computing only what it does not hold already."""
+
+    def generate(self, sessions: Sequence[KVSession], prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 stop: Sequence[str], choose: Callable[[int, Any], int] | None = None) -> list[list[int]]:
+        """Each prompt's continuation (token ids, end of turn excluded) from its session, which
+        then holds the prompt and the continuation; `choose(row, logits)` picks each token (greedy: None)."""
+
+    def tokens_fed(self) -> int:
+        """Tokens fed through the model so far, prefill and decode."""
+
+    def retained_bytes(self, checkpoints: Sequence[Any], live: Sequence[KVSession | None]) -> int:
+        """Bytes of cache storage the `checkpoints` keep alive beyond the `live` sessions'."""
 
 
 class BackendError(ValueError):
@@ -88,6 +142,11 @@ class Backend(ABC):
         """What the backend keeps for one trajectory across its calls (None: nothing)."""
         return None
 
+    def kv_sessions(self) -> KVSessions | None:
+        """The KV-cache operations on its sessions that the execution-state lane runs on (None:
+        the backend has no KV engine)."""
+        return None
+
     def load_adapter(self, path: str, *, merge: bool = False) -> None:
         raise BackendError(f"the {self.name} backend cannot load a LoRA adapter ({path})")
 
@@ -108,6 +167,15 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
         if index != -1:
             cut = min(cut, index)
     return text[:cut]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 BackendFactory = Callable[[ModelConfig], Backend]

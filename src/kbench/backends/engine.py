@@ -38,6 +38,8 @@ from transformers.cache_utils import (
     DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs,
 )
 
+from kbench.backends.base import common_prefix
+
 #: Shared prefixes shorter than this are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
 #: Shared prefixes the engine keeps (least recently used dropped first).
@@ -86,6 +88,10 @@ class KVState:
         self.tokens = list(checkpoint.tokens)
         self.layers = checkpoint.layers
 
+    def fork(self) -> KVState:
+        """A state of its own over the same tensors (views: no copy)."""
+        return KVState(list(self.tokens), self.layers)
+
     def _adopt(self, other: KVState, length: int) -> None:
         """Start from the first `length` tokens of `other` (views: no copy)."""
         self.tokens, self.layers = list(other.tokens), other.layers
@@ -107,15 +113,6 @@ class EngineStats:
     decode_seconds: float = 0.0
     #: Tokens chosen (every row's first token comes from its prefill pass).
     generated_tokens: int = 0
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def unwrap(model: Any) -> Any:

@@ -18,7 +18,7 @@ Either way a padded row computes what the row alone would (tests/test_agent_lock
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from kbench.backends.base import (
     register_backend,
     truncate_at_stop,
 )
-from kbench.backends.engine import Engine, KVState, engine_support
+from kbench.backends.engine import Checkpoint, Engine, KVState, engine_support
 from kbench.config import ModelConfig
 from kbench.names import GENERATE_ENGINE, HF_BACKEND
 
@@ -201,6 +201,54 @@ def reference_decode(
     return [truncate_at_stop(t, stop) for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
 
 
+class EngineSessions:
+    """`KVSessions` over a backend's KV engine: `owner.engine` and `owner.tokenizer`, read at each
+    call (a loaded adapter gets a new engine). No prefix is shared across sessions."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def open(self) -> KVState:
+        return KVState()
+
+    def encode(self, conversation: Conversation) -> list[int]:
+        return encode_prompt(self.owner.tokenizer, conversation)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.owner.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def prefill(self, sessions: Sequence[KVState], prompts: Sequence[Sequence[int]]) -> None:
+        self.owner.engine.prefill(sessions, prompts, share_prefixes=False)
+
+    def generate(self, sessions: Sequence[KVState], prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 stop: Sequence[str], choose: Callable[[int, torch.Tensor], int] | None = None) -> list[list[int]]:
+        return self.owner.engine.generate(sessions, prompts, max_new_tokens=max_new_tokens, stop=stop,
+                                          share_prefixes=False, choose=choose)
+
+    def tokens_fed(self) -> int:
+        stats = self.owner.engine.stats
+        return stats.prefill_tokens + stats.generated_tokens
+
+    def retained_bytes(self, checkpoints: Sequence[Checkpoint | None], live: Sequence[KVState | None]) -> int:
+        # tensors are shared views, so what counts is each storage a checkpoint holds and no live state does
+        def storages(layers: Any) -> dict[int, int]:
+            found = {}
+            for keys, values in layers or ():
+                for t in (keys, values):
+                    found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return found
+
+        held: dict[int, int] = {}
+        for checkpoint in checkpoints:
+            if checkpoint is not None:
+                held |= storages(checkpoint.layers)
+        alive: dict[int, int] = {}
+        for state in live:
+            if state is not None:
+                alive |= storages(state.layers)
+        return sum(n for ptr, n in held.items() if ptr not in alive)
+
+
 @register_backend(HF_BACKEND)
 class HFBackend(Backend):
     has_weights = True
@@ -264,6 +312,10 @@ class HFBackend(Backend):
     def session(self) -> KVState | None:
         """A fresh KV state for one trajectory (None under `model.engine: generate`)."""
         return None if self._reference else KVState()
+
+    def kv_sessions(self) -> EngineSessions | None:
+        """The KV engine's operations on sessions (None under `model.engine: generate`)."""
+        return None if self._reference else EngineSessions(self)
 
     def _generate(self, conversations: Sequence[Conversation], request: Request) -> list[Generation]:
         if self._reference:

@@ -9,9 +9,6 @@ a method touches no other file (docs/methods.md, "Adding a method"):
   `my-method = "my_package.my_method"`); it is imported after the package's own methods.
 """
 
-import importlib
-from importlib.metadata import entry_points
-
 from kbench.methods.base import (
     ALL_SUBSTRATES,
     FAMILIES,
@@ -30,7 +27,7 @@ from kbench.methods.base import (
     register_method,
     unregister_method,
 )
-from kbench.registry import import_submodules
+from kbench.registry import import_entry_points, import_submodules
 
 #: The entry-point group a distribution names its method modules in.
 ENTRY_POINT_GROUP = "kbench.methods"
@@ -43,11 +40,7 @@ def load_plugins() -> list[str]:
     """Import every module named in the `kbench.methods` entry points (in name order), which
     registers its methods; returns the modules imported. Run once when this package loads;
     calling it again imports nothing new."""
-    loaded = []
-    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
-        importlib.import_module(point.module)
-        loaded.append(point.module)
-    return loaded
+    return import_entry_points(ENTRY_POINT_GROUP)
 
 
 load_plugins()

@@ -1,4 +1,5 @@
-"""The execution-state lane's session record (SPEC §14): one JSON object per session × operator,
+"""The execution-state lane's session record (docs/replay.md, "The session record"): one JSON object per
+session × operator,
 JSON Lines on disk.
 
 The lane's names (operators, probes) are defined here once; the scorer, the command line and
@@ -9,19 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kbench import io
 from kbench.config import format_validation_error
 
-#: B0 no-forget ... B9 selective replay then flow control; B5' full reset reusing cached prefixes.
-Operator = Literal["B0", "B1", "B2", "B3", "B4", "B5", "B5'", "B6", "B7", "B8", "B9"]
+#: The built-in operators' ids in the paper's order: B0 no-forget ... B9 selective replay then
+#: flow control; B5' full reset reusing cached prefixes. A plugin operator has an id of its own.
+OPERATORS: tuple[str, ...] = ("B0", "B1", "B2", "B3", "B4", "B5", "B5'", "B6", "B7", "B8", "B9")
+#: The longest operator id a record holds.
+OPERATOR_ID_LENGTH = 32
+#: An operator's id in a record: any registered one (docs/replay.md, "Adding an operator").
+OperatorId = Annotated[str, Field(min_length=1, max_length=OPERATOR_ID_LENGTH)]
 #: The six probes asked after the post-revocation turns.
 Probe = Literal["task", "direct", "think", "introspect", "enumerate", "cued"]
 
-OPERATORS: tuple[str, ...] = get_args(Operator)
 PROBES: tuple[str, ...] = get_args(Probe)
 #: No forgetting; the memory-delete operator that the paper finds behaves exactly like it.
 NO_FORGET, MEMORY_DELETE = "B0", "B1"
@@ -29,6 +34,11 @@ NO_FORGET, MEMORY_DELETE = "B0", "B1"
 FULL_RESET = "B5"
 #: Selective replay from the last checkpoint before τ.
 SELECTIVE_REPLAY = "B7"
+
+
+def operator_order(operator: str) -> tuple[int, str]:
+    """The sort key of operator ids: the built-in ones in the paper's order, then any other by name."""
+    return (OPERATORS.index(operator), "") if operator in OPERATORS else (len(OPERATORS), operator)
 
 
 class SessionFormatError(ValueError):
@@ -64,7 +74,7 @@ class PostTurn(BaseModel):
 
 
 class SessionRecord(BaseModel):
-    """One session under one operator (SPEC §14)."""
+    """One session under one operator (docs/replay.md, "The session record")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -73,7 +83,7 @@ class SessionRecord(BaseModel):
     #: The suite it belongs to (`kbench-sessions`, `agentdojo-workspace`, ...).
     suite: str
     #: The operator applied after turn T.
-    operator: Operator
+    operator: OperatorId
     #: z, the string to forget.
     target: str = Field(min_length=1)
     #: z's corpus field when it is one (the matcher then also finds its field variants); null: z itself.

@@ -1,4 +1,5 @@
-"""One session end to end (SPEC §14): the contaminated run, every operator's branch, the same
+"""One session end to end (docs/replay.md, "Sessions and operators"): the contaminated run, every operator's
+branch, the same
 post-revocation turns and probes on each, and one record per operator.
 
 The turns before the revocation run one at a time (a batch of one), so the full reset and the
@@ -19,9 +20,8 @@ from typing import Any
 from kbench.agent.prompts import OBSERVATION_PREFIX
 import torch
 
-from kbench.backends import Backend, Message
+from kbench.backends import Backend, KVSessions, Message
 from kbench.backends.base import truncate_at_stop
-from kbench.backends.hf import encode_prompt
 from kbench.config import AgentConfig
 from kbench.names import EVERY_TURN, CheckpointGranularity
 from kbench.observer.matcher import match
@@ -38,7 +38,6 @@ from kbench.replay.runtime import (
     TurnRun,
     final_state_sha256,
     metadata_bytes,
-    retained_bytes,
 )
 from kbench.replay.sessions import SessionPlan
 
@@ -63,8 +62,16 @@ class SessionResult:
     checkpoint_metadata_bytes: int
     #: The oracle taint closure beside the data-flow one (artifact ids).
     closures: dict[str, list[str]]
-    #: Each post-revocation turn of each operator as a K-Bench trace record (SPEC §5).
+    #: Each post-revocation turn of each operator as a K-Bench trace record (docs/definitions.md, "The trace record").
     traces: list[TraceRecord]
+
+
+def kv_sessions(backend: Backend) -> KVSessions:
+    """The backend's KV operations on sessions; OperatorError when it has none."""
+    kv = backend.kv_sessions()
+    if kv is None:
+        raise OperatorError("the execution-state lane runs on the KV engine: model.backend hf with model.engine kv")
+    return kv
 
 
 def sample_seed(*parts: str) -> int:
@@ -77,12 +84,12 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
     """k replies per probe and branch sampled at `temperature` (Leak@k), each from its own seeded generator.
     A branch's k rows decode as one batch: the engine pads every row of a batch to the longest
     cache, so all branches at once would hold operators x k copies of a whole session's cache."""
-    engine, tokenizer = backend.engine, backend.tokenizer  # type: ignore[attr-defined]
+    kv = kv_sessions(backend)
     samples: dict[str, dict[str, list[str]]] = {name: {} for name, _ in chosen}
     started = time.perf_counter()
     for probe, (name, branch) in itertools.product(PROBES, chosen):
         message = Message(role="user", content=plan.probes[probe])
-        prompt = encode_prompt(tokenizer, branch.state.conversation(config.max_iters, [message]))
+        prompt = kv.encode(branch.state.conversation(config.max_iters, [message]))
         states = [branch.state.fork().kv for _ in range(k)]
         generators = [torch.Generator().manual_seed(sample_seed(plan.session_id, name, probe, str(j))) for j in range(k)]
 
@@ -90,11 +97,11 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
             weights = torch.softmax(logits.float() / temperature, dim=-1)
             return int(torch.multinomial(weights, 1, generator=generators[row]))
 
-        outputs = engine.generate(states, [prompt] * k, max_new_tokens=config.max_new_tokens,
-                                  stop=[OBSERVATION_PREFIX], share_prefixes=False, choose=choose)
+        outputs = kv.generate(states, [prompt] * k, max_new_tokens=config.max_new_tokens,
+                              stop=[OBSERVATION_PREFIX], choose=choose)
         blocked = branch.policy is not None and branch.policy(branch.state)
         samples[name][probe] = [BLOCKED if blocked else truncate_at_stop(
-            tokenizer.decode(tokens, skip_special_tokens=True), [OBSERVATION_PREFIX]).strip() for tokens in outputs]
+            kv.decode(tokens), [OBSERVATION_PREFIX]).strip() for tokens in outputs]
         if name == chosen[-1][0]:  # a probe sampled on every branch: a progress line
             log.info("%s Leak@%d: probe %s sampled on %d operators, %.1f s", plan.session_id, k, probe, len(chosen),
                      time.perf_counter() - started)
@@ -108,9 +115,7 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
                 ) -> SessionResult:
     """Run `plan` on its contaminated world `env` and every operator; TargetNeverEntered when z
     never reached the state."""
-    if backend.session() is None:
-        raise OperatorError("the execution-state lane runs on the KV engine: model.backend hf with model.engine kv")
-    engine = backend.engine  # type: ignore[attr-defined]
+    kv = kv_sessions(backend)
     runtime = SessionRuntime(backend, plan, config, compression_period=compression_period, checkpoints=checkpoints)
     contaminated = runtime.fresh_state(env)
     runtime.run_session_turns(contaminated, 1, sanitized=False, shadow=False, call_prefix=plan.session_id, record=True)
@@ -129,9 +134,9 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
     def branch_of(name: str) -> Branch:
         if name not in branches:
             operator = build_operator(name)
-            tokens0, started = engine.stats.prefill_tokens + engine.stats.generated_tokens, time.perf_counter()
+            tokens0, started = kv.tokens_fed(), time.perf_counter()
             made = operator.apply(context)
-            made.recomputed_tokens += engine.stats.prefill_tokens + engine.stats.generated_tokens - tokens0
+            made.recomputed_tokens += kv.tokens_fed() - tokens0
             made.seconds += time.perf_counter() - started
             made.state.env.withheld = runtime.withheld  # after the revocation the world holds no z
             branches[name] = made
@@ -171,7 +176,7 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
               for name, b in chosen for outcome in outcomes[name]]
     records = []
     for name, b in chosen:
-        tokens = encode_prompt(backend.tokenizer, b.state.conversation(config.max_iters))
+        tokens = kv.encode(b.state.conversation(config.max_iters))
         outputs = [reply for o in outcomes[name] for reply in o.replies] + [probes[name][p] for p in PROBES]
         records.append(SessionRecord(
             session_id=plan.session_id, suite=plan.suite, operator=name, target=plan.target,
@@ -182,7 +187,8 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
         ))
     return SessionResult(
         records=records, tau=tau, checkpoints=len(runtime.snapshots),
-        checkpoint_bytes=retained_bytes(runtime.snapshots, [b.state.kv for _, b in chosen] + [contaminated.kv]),
+        checkpoint_bytes=kv.retained_bytes([s.checkpoint.cache for s in runtime.snapshots],
+                                           [b.state.kv for _, b in chosen] + [contaminated.kv]),
         checkpoint_metadata_bytes=metadata_bytes(runtime.snapshots, plan.session_id),
         closures=compare_closures(contaminated.graph, plan.source_id, holds).to_json(),
         traces=traces,

@@ -1,4 +1,5 @@
-"""The lane's runtime (SPEC §14): a session's state, run turn by turn on the project's KV engine.
+"""The lane's runtime (docs/replay.md, "Sessions and operators"): a session's state, run turn by turn on the
+project's KV engine.
 
 A session is one chat: the system prompt (the tools, the memory notes as the last rebuild
 rendered them, the compressed summary), then per turn the user's message, the agent's ReAct
@@ -22,17 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kbench.agent.parser import parse_step
 from kbench.agent.prompts import OBSERVATION_PREFIX, react_format
-from kbench.backends import Backend, Conversation, Message
-from kbench.backends.engine import Checkpoint as CacheHandle
-from kbench.backends.engine import KVState, common_prefix
-from kbench.backends.hf import encode_prompt
+from kbench.backends import Backend, Conversation, KVSession, Message
+from kbench.backends.base import common_prefix
 from kbench.config import AgentConfig
 from kbench.names import EVERY_TURN, CheckpointGranularity
 from kbench.replay.environment import MEMORY_TOOL, WITHHELD, SessionEnvironment
@@ -91,13 +89,13 @@ class SessionState:
     #: The turns the prompt holds verbatim (messages after the system prompt).
     transcript: list[Item]
     #: The engine's KV state of the prompt (None on a backend without one).
-    kv: KVState | None
+    kv: KVSession | None
     env: SessionEnvironment
     graph: ProvenanceGraph
     #: The agent turns this state has run.
     turns_run: int = 0
     #: Cached states whose byte-identical prompt prefixes a model call may start from (B5′).
-    prefix_pool: list[CacheHandle] = field(default_factory=list)
+    prefix_pool: list[Any] = field(default_factory=list)
     #: Whether this state's checkpoints are kept (the main run's, while it runs; never a branch's).
     recording: bool = False
 
@@ -114,7 +112,7 @@ class SessionState:
 
     def fork(self, env: SessionEnvironment | None = None) -> SessionState:
         """A branch: its own lists, graph and environment; the cache tensors shared (never rewritten)."""
-        kv = None if self.kv is None else KVState(list(self.kv.tokens), self.kv.layers)
+        kv = None if self.kv is None else self.kv.fork()
         graph = ProvenanceGraph(dict(self.graph.artifacts), list(self.graph.checkpoints))
         return SessionState(list(self.rendered), list(self.stored), self.summary, list(self.transcript), kv,
                             env or self.env.fork(withheld=self.env.withheld), graph, self.turns_run)
@@ -148,7 +146,7 @@ class TurnOutcome:
     memory_writes: list[str] = field(default_factory=list)
     #: The ReAct steps as a K-Bench trace record holds them (thought, action, observation).
     steps: list[Step] = field(default_factory=list)
-    #: Why the turn ended (SPEC §5's halted reasons).
+    #: Why the turn ended (the halted reasons of docs/definitions.md, "The trace record").
     halted_reason: str = "max_iters"
 
     def post(self) -> PostTurn:
@@ -235,6 +233,8 @@ class SessionRuntime:
     def __init__(self, backend: Backend, plan: SessionPlan, config: AgentConfig, *, compression_period: int,
                  checkpoints: CheckpointGranularity = EVERY_TURN) -> None:
         self.backend, self.plan, self.config = backend, plan, config
+        #: The backend's KV operations on sessions (None: the states hold no KV session).
+        self.kv = backend.kv_sessions()
         self.compression_period = compression_period
         #: Whether every turn boundary holds a checkpoint, or the session's start only.
         self.every_turn = checkpoints == EVERY_TURN
@@ -243,13 +243,13 @@ class SessionRuntime:
 
     # -- state ----------------------------------------------------------------------------
     def fresh_state(self, env: SessionEnvironment) -> SessionState:
-        return SessionState([], [], None, [], self.backend.session(), env, ProvenanceGraph())
+        return SessionState([], [], None, [], None if self.kv is None else self.kv.open(), env, ProvenanceGraph())
 
     def checkpoint(self, state: SessionState, turn: int, reason: CheckpointReason) -> None:
         """Record a restorable point of the main run (offsets and handles only)."""
         if not state.recording:
             return
-        handle: CacheHandle | None = None if state.kv is None else state.kv.checkpoint()
+        handle = None if state.kv is None else state.kv.checkpoint()
         point = Checkpoint(turn, reason, 0 if state.kv is None else state.kv.length, handle,
                            state.env.snapshot(), state.inventory())
         state.graph.checkpoint(point)
@@ -260,7 +260,7 @@ class SessionRuntime:
         """A state as it was at a checkpoint, on `env` (the cache cropped back: no recompute)."""
         kv = None
         if snapshot.checkpoint.cache is not None:
-            kv = KVState()
+            kv = self.kv.open()
             kv.restore(snapshot.checkpoint.cache)
         return SessionState(list(snapshot.rendered), list(snapshot.stored), snapshot.summary,
                             list(snapshot.transcript), kv, env, graph, snapshot.turns_run)
@@ -282,7 +282,7 @@ class SessionRuntime:
         """Adopt the pool's longest byte-identical prefix of the prompt when it beats the state's own."""
         if not state.prefix_pool or state.kv is None:
             return
-        tokens = encode_prompt(self.backend.tokenizer, conversation)
+        tokens = self.kv.encode(conversation)
         best, length = None, common_prefix(state.kv.tokens, tokens)
         for handle in state.prefix_pool:
             n = common_prefix(handle.tokens, tokens)
@@ -358,16 +358,9 @@ class SessionRuntime:
         return before[-1]
 
 
-def cost_counter(backend: Backend) -> Callable[[], tuple[int, float]]:
-    """A reader of (tokens fed through the model so far, seconds): prefill plus decode."""
-    def read() -> tuple[int, float]:
-        stats = backend.engine.stats  # type: ignore[attr-defined]
-        return stats.prefill_tokens + stats.generated_tokens, time.perf_counter()
-    return read
-
-
 def final_state_sha256(tokens: Sequence[int], outputs: Sequence[str]) -> str:
-    """sha256 of the final prompt's token ids and every post-revocation output (SPEC §14)."""
+    """sha256 of the final prompt's token ids and every post-revocation output
+    (docs/replay.md, "The session record")."""
     payload = json.dumps({"tokens": list(tokens), "outputs": list(outputs)}, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -382,24 +375,3 @@ def metadata_bytes(snapshots: Sequence[Snapshot], session_id: str) -> int:
     return sum(len(json.dumps([s.checkpoint.turn, s.checkpoint.reason, s.checkpoint.token_offset,
                                s.checkpoint.environment, relative(s.checkpoint.inventory)], separators=(",", ":")))
                for s in snapshots)
-
-
-def retained_bytes(snapshots: Sequence[Snapshot], live: Sequence[Any]) -> int:
-    """Bytes of cache storage the checkpoints keep alive beyond the live states' (tensors are
-    shared views, so this is what checkpoints cost in memory)."""
-    def storages(layers: Any) -> dict[int, int]:
-        found = {}
-        for keys, values in layers or ():
-            for t in (keys, values):
-                found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return found
-
-    held: dict[int, int] = {}
-    for s in snapshots:
-        if s.checkpoint.cache is not None:
-            held |= storages(s.checkpoint.cache.layers)
-    alive: dict[int, int] = {}
-    for state in live:
-        if state is not None:
-            alive |= storages(state.layers)
-    return sum(n for ptr, n in held.items() if ptr not in alive)

@@ -1,4 +1,4 @@
-"""The memory systems under test (SPEC §15), behind one interface, one registered file each.
+"""The memory systems under test (docs/memory.md, "Memory systems"), behind one interface, one registered file each.
 
 A system is fed the dialogue turn by turn (`write`), told when a session ends, and answers
 questions from what it keeps (`contexts`: the prompt each question is answered from; the
@@ -7,6 +7,11 @@ other: the system handles it with its own primitives, and notes each memory oper
 carries out (`record`: the probe traces' tool arguments). `failures` counts memory operations
 the model did not produce in a readable form (reported, never a crash). `kbench list memory-systems`
 shows the registered ones.
+
+A new system is one module with a class decorated by `register_memory_system`, and no other file
+changes (docs/memory.md, "Adding a memory system"): a module in this package, found by scanning
+it, or a module of your own project named in an entry point of the group `kbench.memory_systems`
+(`[project.entry-points."kbench.memory_systems"]`, `my-memory = "my_package.my_memory"`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from kbench.backends import Backend, Conversation, Message
 from kbench.memory.instances import Instance, Probe, Session, Turn
 from kbench.memory.channels import MemoryTrace, probe_trace
 from kbench.memory.records import CONTROL_VERSION, FORGET_VERSION, ItemRecord
-from kbench.registry import Registry, import_submodules
+from kbench.registry import Registry, import_entry_points, import_package_and_plugins
 
 #: Probes answered in one batch: a whole version's probes over a long transcript held about
 #: 9.5 GB in one worker (BENCHMARKS.md, memory lane); batches of this size bound it.
@@ -134,9 +139,24 @@ def register_memory_system(name: str) -> Callable[[type[MemorySystem]], type[Mem
     return decorate
 
 
+def unregister_memory_system(name: str) -> None:
+    """Forget a registered memory system (a test's plugin, when it is done)."""
+    _SYSTEMS.remove(name)
+
+
+#: The entry-point group a distribution names its memory-system modules in.
+ENTRY_POINT_GROUP = "kbench.memory_systems"
+
+
+def load_plugins() -> list[str]:
+    """Import every module named in the `kbench.memory_systems` entry points (in name order),
+    which registers its systems; returns the modules. The first lookup of a system runs it."""
+    return import_entry_points(ENTRY_POINT_GROUP)
+
+
 def _load() -> None:
-    """Import every module of this package (each registers its entry)."""
-    import_submodules(__name__, __path__)
+    """Import every module of this package, then (once) the plugins: each registers its entry."""
+    import_package_and_plugins(__name__, __path__, ENTRY_POINT_GROUP)
 
 
 def memory_system_names() -> list[str]:
@@ -203,4 +223,5 @@ def run_instance(make: Callable[[], MemorySystem], instance: Instance) -> Instan
 
 
 __all__ = ["ASSISTANT", "InstanceRun", "LlmEndpoint", "MemorySystem", "MemorySystemError", "ask", "feed", "memory_system_class",
-           "memory_system_names", "register_memory_system", "run_instance"]
+           "memory_system_names", "register_memory_system", "run_instance", "ENTRY_POINT_GROUP", "load_plugins",
+           "unregister_memory_system"]

@@ -1,10 +1,15 @@
-"""The forgetting operators of SPEC §14 (B0–B9, B5′), one registered file each.
+"""The forgetting operators (docs/replay.md, "Sessions and operators": B0–B9, B5′), one registered file each.
 
 An operator takes the contaminated state after turn T (through an `OperatorContext`) and
 returns a `Branch`: the state the post-revocation turns run on, the agent turns it ran and, for
 B8 and B9, the sink policy those turns obey. The driver measures each operator's own cost
-(tokens fed through the model, seconds) around `apply`. A new operator is one module here
-with a class decorated by `register_operator`; `kbench replay operators` lists them.
+(tokens fed through the model, seconds) around `apply`.
+
+A new operator is one module with a class decorated by `register_operator`, and no other file
+changes (docs/replay.md, "Adding an operator"): a module in this package, found by scanning it,
+or a module of your own project named in an entry point of the group `kbench.operators`
+(`[project.entry-points."kbench.operators"]`, `my-operator = "my_package.my_operator"`).
+`kbench list operators` lists them: the built-in ones in the paper's order, then the others by id.
 """
 
 from __future__ import annotations
@@ -14,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kbench.backends.hf import encode_prompt
-from kbench.registry import Registry, import_submodules
+from kbench.registry import Registry, import_entry_points, import_package_and_plugins
 from kbench.replay.environment import SessionEnvironment
-from kbench.replay.records import OPERATORS
+from kbench.replay.records import OPERATOR_ID_LENGTH, operator_order
 from kbench.replay.runtime import SessionRuntime, SessionState, SinkPolicy
 
 
@@ -76,14 +80,14 @@ class OperatorContext:
         if state.kv is None:
             return
         conversation = state.conversation(self.runtime.config.max_iters)
-        tokens = encode_prompt(self.runtime.backend.tokenizer, conversation)
-        self.runtime.backend.engine.prefill([state.kv], [tokens], share_prefixes=False)  # type: ignore[attr-defined]
+        tokens = self.runtime.kv.encode(conversation)
+        self.runtime.kv.prefill([state.kv], [tokens])
 
 
 class Operator(ABC):
     """One way of acting on a forget request (z, s) after turn T."""
 
-    #: Its id in records and tables ("B0".."B9", "B5'").
+    #: Its id in records and tables ("B0".."B9", "B5'" for the built-in ones).
     id: ClassVar[str]
     #: What it does, in a few words.
     title: ClassVar[str]
@@ -97,21 +101,29 @@ _OPERATORS: Registry[type[Operator]] = Registry("operator", OperatorError)
 
 
 def register_operator(id: str, title: str) -> Callable[[type[Operator]], type[Operator]]:
-    if id not in OPERATORS:
-        raise OperatorError(f"operator id {id!r} is not one of SPEC §14's {OPERATORS}")
+    """Register an operator under `id`, the id its records carry (a record holds any non-empty id
+    of up to `OPERATOR_ID_LENGTH` characters); `kbench list operators` shows it with `title`."""
+    if not 0 < len(id) <= OPERATOR_ID_LENGTH:
+        raise OperatorError(f"operator id {id!r} must have 1 to {OPERATOR_ID_LENGTH} characters")
 
     def decorate(cls: type[Operator]) -> type[Operator]:
+        _OPERATORS.add(id, cls)  # first: an id taken leaves the class as it was
         cls.id, cls.title = id, title
-        _OPERATORS.add(id, cls)
         return cls
 
     return decorate
 
 
+def unregister_operator(name: str) -> None:
+    """Forget a registered operator (a test's plugin, when it is done)."""
+    _OPERATORS.remove(name)
+
+
 def operator_names() -> list[str]:
-    """The registered operators in SPEC §14's order."""
+    """The registered operators: the built-in ones in the paper's order, then the others by id
+    (`kbench.replay.records.operator_order`)."""
     _load()
-    return sorted(_OPERATORS.names(), key=lambda n: OPERATORS.index(n) if n in OPERATORS else len(OPERATORS))
+    return sorted(_OPERATORS.names(), key=operator_order)
 
 
 def build_operator(name: str) -> Operator:
@@ -124,10 +136,20 @@ def operator_class(name: str) -> type[Operator]:
     return _OPERATORS.get(name)
 
 
+#: The entry-point group a distribution names its operator modules in.
+ENTRY_POINT_GROUP = "kbench.operators"
+
+
+def load_plugins() -> list[str]:
+    """Import every module named in the `kbench.operators` entry points (in name order), which
+    registers its operators; returns the modules. The first lookup of an operator runs it."""
+    return import_entry_points(ENTRY_POINT_GROUP)
+
+
 def _load() -> None:
-    """Import every module of this package (each registers its entry)."""
-    import_submodules(__name__, __path__)
+    """Import every module of this package, then (once) the plugins: each registers its entry."""
+    import_package_and_plugins(__name__, __path__, ENTRY_POINT_GROUP)
 
 
-__all__ = ["Branch", "Operator", "OperatorContext", "OperatorError", "build_operator", "operator_class",
-           "operator_names", "register_operator"]
+__all__ = ["ENTRY_POINT_GROUP", "Branch", "Operator", "OperatorContext", "OperatorError", "build_operator",
+           "load_plugins", "operator_class", "operator_names", "register_operator", "unregister_operator"]
