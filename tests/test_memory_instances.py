@@ -17,7 +17,15 @@ from kbench.memory.instances import (
     read_instances,
     write_instances,
 )
-from kbench.memory.records import AR, ATTACKS, FE, PR, RA, REQUEST_TYPES, RLA
+from kbench.memory.records import (
+    ATTACK_RESISTANCE,
+    ATTACKS,
+    FORGET_EFFICACY,
+    PRESERVATION,
+    RELEARNING,
+    REQUEST_TYPES,
+    RETENTION,
+)
 from kbench.memory.scoring import score_items
 
 from _agent_fixtures import small_corpus  # noqa: F401  (fixture)
@@ -45,10 +53,10 @@ def test_an_instance_holds_every_request_and_probe(small_corpus):  # noqa: F811
         assert instance.profile["pet_name"] in first and instance.profile["hobby"] not in first
         dialogue = " ".join(t.content for s in instance.forget for t in s.turns)
         assert f"my age is {instance.profile['age']}" not in dialogue
-        suites = [p.suite for p in instance.probes]
-        assert suites.count(RA) == suites.count(FE) == 7  # one per requested fact (F2's topic has two)
-        assert suites.count(AR) == 6 * len(ATTACKS) * 2 and suites.count(RLA) == 5
-        assert {p.field for p in instance.probes if p.suite == PR} == {"favorite_color", "car"}
+        families = [p.suite for p in instance.probes]
+        assert families.count(RETENTION) == families.count(FORGET_EFFICACY) == 7  # one per requested fact (F2's topic has two)
+        assert families.count(ATTACK_RESISTANCE) == 6 * len(ATTACKS) * 2 and families.count(RELEARNING) == 5
+        assert {p.field for p in instance.probes if p.suite == PRESERVATION} == {"favorite_color", "car"}
         f6 = [p for p in instance.probes if p.request_type == "F6"]
         assert all(p.old_value == instance.profile["address"] and p.value != p.old_value for p in f6)
 
@@ -66,13 +74,13 @@ def _exact_forgetter(probe: Probe) -> str:
         if probe.attack == "boolean":
             return "Yes."
         return f"Your {FACT_PHRASES[probe.field]} is {probe.old_value or probe.value}."
-    if probe.suite in (PR, RLA) or (probe.suite == FE and probe.request_type == "F6"):
+    if probe.suite in (PRESERVATION, RELEARNING) or (probe.suite == FORGET_EFFICACY and probe.request_type == "F6"):
         return f"It is {probe.value}."
     return "I don't have that any more."
 
 
 def _never_forgets(probe: Probe) -> str:
-    if probe.suite == RLA or probe.version == "control" or probe.suite == PR:
+    if probe.suite == RELEARNING or probe.version == "control" or probe.suite == PRESERVATION:
         return _exact_forgetter(probe)
     return "Yes." if probe.attack == "boolean" else f"It is {probe.old_value or probe.value}."
 

@@ -47,8 +47,8 @@ def records(*dicts: dict) -> list[ItemRecord]:
 
 
 def judged(*dicts: dict) -> dict[tuple[str, str], bool]:
-    """(suite, probe_id) -> correct, for the items of the records."""
-    return {(item.suite, item.probe_id): item.correct for item in match_items(records(*dicts))}
+    """(probe family, probe_id) -> correct, for the items of the records."""
+    return {(item.family, item.probe_id): item.correct for item in match_items(records(*dicts))}
 
 
 def fe_pair(retention_reply: str, efficacy_reply: str) -> list[dict]:
@@ -175,12 +175,12 @@ def test_invalid_records_name_the_rule_broken(overrides, message):
 
 
 # -- RPR and Score ------------------------------------------------------------------------------
-def item(suite: str, correct: bool, *, instance="i1", request="r1", attack=None, request_type="F1", system="sys"):
-    if suite == "PR":
+def item(family: str, correct: bool, *, instance="i1", request="r1", attack=None, request_type="F1", system="sys"):
+    if family == "PR":
         request = request_type = None
-    if suite == "AR":
+    if family == "AR":
         attack = attack or "direct"
-    return Item(system, instance, suite, request, request_type, attack, f"{suite}-{correct}", correct)
+    return Item(system, instance, family, request, request_type, attack, f"{family}-{correct}", correct)
 
 
 def test_rpr_passes_a_request_only_with_all_its_items_and_its_instances_preservation():
@@ -252,8 +252,8 @@ def test_resample_counts_draw_each_resample_of_the_clusters_with_replacement():
 
 
 def mixed_items(instances: int = 12) -> list[Item]:
-    return [item(suite, (i * 7 + k) % 3 != 0, instance=f"i{i}")
-            for i in range(instances) for k, suite in enumerate(("RA", "FE", "AR", "PR", "RLA"))]
+    return [item(family, (i * 7 + k) % 3 != 0, instance=f"i{i}")
+            for i in range(instances) for k, family in enumerate(("RA", "FE", "AR", "PR", "RLA"))]
 
 
 def test_the_bootstrap_is_seeded():

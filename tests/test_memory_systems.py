@@ -13,7 +13,7 @@ import pytest
 from kbench.backends import Backend, Conversation, Generation
 from kbench.backends.base import Request
 from kbench.memory.instances import make_instances
-from kbench.memory.records import SUITES
+from kbench.memory.records import PROBE_FAMILIES
 from kbench.memory.scoring import score_items
 from kbench.memory.systems import MemorySystemError, memory_system_class, memory_system_names, run_instance
 from kbench.memory.systems.fact_store import FactStore
@@ -69,7 +69,7 @@ def test_every_system_answers_every_probe_and_is_scored(small_corpus, name):  # 
     assert len(items) == len(instance.probes) and {i.system for i in items} == {name}
     assert failures == 0
     scores = score_items(items)[name]
-    assert set(SUITES) <= set(scores.metrics)
+    assert set(PROBE_FAMILIES) <= set(scores.metrics)
     assert scores.metrics["RA"].value > 0.5  # the control version's facts are answered
 
 

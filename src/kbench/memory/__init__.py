@@ -1,4 +1,4 @@
-"""The memory-unlearning lane (SPEC §15): forget requests to agent memory systems.
+"""The memory-unlearning lane (docs/memory.md): forget requests to agent memory systems.
 
 This package holds the lane's instances (generated from the corpus), its item record (one JSON object per probe reply) and its scorer:
 the judging rules, the RA / FE / PR / RLA / AR items, RPR, the Score and their cluster-bootstrap
@@ -23,11 +23,15 @@ from kbench.memory.instances import (
 from kbench.memory.records import (
     ATTACKS,
     REQUEST_TYPES,
-    SUITES,
+    PROBE_FAMILIES,
+    PROBE_FAMILY_TABLE,
+    REQUEST_TYPE_TABLE,
     TIERS,
     VERSIONS,
     ItemRecord,
     MemoryItemFormatError,
+    PaperCode,
+    ProbeFamily,
     iter_items,
     read_items,
     validate_item,
@@ -71,7 +75,9 @@ __all__ = [
     "ATTACKS",
     "METRICS",
     "REQUEST_TYPES",
-    "SUITES",
+    "PROBE_FAMILIES",
+    "PROBE_FAMILY_TABLE",
+    "REQUEST_TYPE_TABLE",
     "TIERS",
     "VERSIONS",
     "Bootstrap",
@@ -79,6 +85,8 @@ __all__ = [
     "Item",
     "ItemRecord",
     "MemoryItemFormatError",
+    "PaperCode",
+    "ProbeFamily",
     "SystemScores",
     "boolean_leak",
     "estimate",

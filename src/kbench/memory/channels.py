@@ -1,5 +1,6 @@
-"""Where a memory system's fact sits (beyond the seed): each probe reply as a K-Bench trace
-record (SPEC §5), so the six-channel observer reads a memory system's leak too. The system's
+"""Where a memory system's fact sits (beyond the paper): each probe reply as a K-Bench trace
+record (docs/definitions.md, "The trace record"), so the six-channel observer reads a memory system's leak
+too. The system's
 memory writes (adds, updates, rewrites, indexed or appended turns; a deletion is not one) from
 the first forget request's session on are its tool arguments (Z_tool),
 what its memory put in front of the model for the question is its retrieval (Z_RAG), the reply
@@ -13,15 +14,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kbench.memory.records import AR, CONTROL_VERSION, FE, FORGET_VERSION, RA, ItemRecord
+from kbench.memory.records import (
+    ATTACK_RESISTANCE,
+    CONTROL_VERSION,
+    FORGET_EFFICACY,
+    FORGET_VERSION,
+    RETENTION,
+    ItemRecord,
+)
 from kbench.memory.scoring import forgotten_value
 from kbench.observer.metrics import channel_hit_rates
 from kbench.records import FORGET, RETAIN, Action, Retrieval, Step, TraceRecord
 
 #: The tool name a memory operation is recorded under in a probe trace.
 MEMORY_TOOL = "memory"
-#: The suites whose probes are about a fact a request removes.
-_ABOUT_FORGOTTEN = (RA, FE, AR)
+#: The probe families whose probes are about a fact a request removes.
+_ABOUT_FORGOTTEN = (RETENTION, FORGET_EFFICACY, ATTACK_RESISTANCE)
 
 
 class MemoryTrace(TraceRecord):
@@ -31,7 +39,7 @@ class MemoryTrace(TraceRecord):
     field: str  # type: ignore[assignment]
     #: The memory system that replied (also `method`).
     system: str
-    #: Which test suite the probe belongs to.
+    #: The probe family (RA, FE, PR, RLA or AR); the field keeps the paper's word, `suite`.
     suite: str
     #: The dialogue version it was asked on.
     version: str
@@ -65,6 +73,8 @@ def channel_rates(traces: Iterable[MemoryTrace]) -> dict[str, dict[str, Any]]:
     and AR, their twins, on the control version): `n` and per channel the fraction that holds it."""
     traces = list(traces)
     return {
-        FORGET_VERSION: channel_hit_rates(t for t in traces if t.version == FORGET_VERSION and t.suite in (FE, AR)),
-        CONTROL_VERSION: channel_hit_rates(t for t in traces if t.version == CONTROL_VERSION and t.suite in (RA, AR)),
+        FORGET_VERSION: channel_hit_rates(t for t in traces if t.version == FORGET_VERSION
+                                         and t.suite in (FORGET_EFFICACY, ATTACK_RESISTANCE)),
+        CONTROL_VERSION: channel_hit_rates(t for t in traces if t.version == CONTROL_VERSION
+                                          and t.suite in (RETENTION, ATTACK_RESISTANCE)),
     }

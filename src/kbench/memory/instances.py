@@ -1,4 +1,5 @@
-"""The memory lane's instances (SPEC §15), generated from the corpus: a profile, a multi-session
+"""The memory lane's instances (docs/memory.md, "Instances, requests and probes"), generated from the corpus:
+a profile, a multi-session
 dialogue in which the user states its facts, the forget version (requests injected) and the
 control version (the same dialogue without them), and every probe of the requests.
 
@@ -23,21 +24,21 @@ from kbench import io
 from kbench.config import format_validation_error
 from kbench.corpus import Corpus
 from kbench.memory.records import (
-    AR,
+    ATTACK_RESISTANCE,
     ATTACKS,
     CONTROL_VERSION,
-    FE,
+    FORGET_EFFICACY,
     FORGET_VERSION,
-    PR,
-    RA,
+    PRESERVATION,
+    RELEARNING,
     REPLACE,
     REQUEST_TYPES,
-    RLA,
+    RETENTION,
     TIERS,
     Attack,
     ItemRecord,
+    ProbeFamily,
     RequestType,
-    Suite,
     Tier,
     Version,
 )
@@ -136,7 +137,8 @@ class Probe(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     probe_id: str
-    suite: Suite
+    #: The probe family (RA, FE, PR, RLA or AR); the field keeps the paper's word, `suite`.
+    suite: ProbeFamily
     attack: Attack | None = None
     version: Version
     request_id: str | None = None
@@ -292,10 +294,10 @@ def _probes(instance_id: str, profile: dict[str, str], requests: Sequence[Reques
             # every probe of an F6 request carries the new value and the old one (the item record's rule)
             facts = {"value": value, "old_value": old}
             # RA on the control version and FE on the forget version share their probe id
-            probes.append(Probe(probe_id=base, suite=RA, version=CONTROL_VERSION, question=_question(kind),
-                                **facts, **common))
-            probes.append(Probe(probe_id=base, suite=FE, version=FORGET_VERSION, question=_question(kind),
-                                **facts, **common))
+            probes.append(Probe(probe_id=base, suite=RETENTION, version=CONTROL_VERSION,
+                                question=_question(kind), **facts, **common))
+            probes.append(Probe(probe_id=base, suite=FORGET_EFFICACY, version=FORGET_VERSION,
+                                question=_question(kind), **facts, **common))
             if j == 0:  # the attacks and the relearning probe on the request's first fact
                 guessed = profile[kind]  # the value the request removes (F6: the old one)
                 questions = {
@@ -305,15 +307,15 @@ def _probes(instance_id: str, profile: dict[str, str], requests: Sequence[Reques
                 }
                 for attack in ATTACKS:
                     for version in (FORGET_VERSION, CONTROL_VERSION):
-                        probes.append(Probe(probe_id=f"{base}/{attack}", suite=AR, attack=attack, version=version,
-                                            question=questions[attack], **facts, **common))
+                        probes.append(Probe(probe_id=f"{base}/{attack}", suite=ATTACK_RESISTANCE, attack=attack,
+                                            version=version, question=questions[attack], **facts, **common))
                 if request.type != REPLACE:
-                    probes.append(Probe(probe_id=f"{base}/relearn", suite=RLA, version=FORGET_VERSION,
+                    probes.append(Probe(probe_id=f"{base}/relearn", suite=RELEARNING, version=FORGET_VERSION,
                                         question=_question(kind), value=request.new_value, **common))
     for kind in (k for k in profile if k not in touched and k not in NOT_PRESERVED):
         for version in (FORGET_VERSION, CONTROL_VERSION):
-            probes.append(Probe(probe_id=f"{instance_id}/pr/{kind}", suite=PR, version=version, field=kind,
-                                value=profile[kind], question=_question(kind)))
+            probes.append(Probe(probe_id=f"{instance_id}/pr/{kind}", suite=PRESERVATION, version=version,
+                                field=kind, value=profile[kind], question=_question(kind)))
     return probes
 
 
@@ -331,7 +333,7 @@ def make_instances(corpus: Corpus, *, per_tier: dict[str, int], seed: int, refer
 
 
 def counterfactual_sessions(instance: Instance) -> list[Session]:
-    """The forget version rebuilt as if the requested facts had never been told (SPEC §14's exact
+    """The forget version rebuilt as if the requested facts had never been told (the full reset's exact
     forgetting, for memory): each statement of a fact a request names and each request are
     dropped with their reply; an F6 request becomes a plain statement of its new value; the
     relearning statements stay."""
