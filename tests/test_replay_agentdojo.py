@@ -150,5 +150,5 @@ def test_a_session_on_the_ground_truth_agent(small_corpus, tiny_model_dir, monke
     assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256
     assert by["B1"].final_state_sha256 == by["B0"].final_state_sha256
     assert by["B7"].transitions == plan.T - plan.tau + 1
-    scores = score_sessions(result.records)[SUITE]
+    scores = score_sessions(result.records)[SUITE].model_dump()
     assert scores["operators"]["B5"]["exact"] == 0.0

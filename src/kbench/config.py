@@ -65,7 +65,8 @@ class CorpusConfig(_Section):
     #: not today, so the same params give the same corpus on any day. 2026-11-30 is the day the
     #: committed default run was measured: its corpus is exactly the one generated then.
     reference_date: date = date(2026, 11, 30)
-    #: SPEC §2 paper preset: forget = first 20%; adapter pools are 200/1000 and 200/4000.
+    #: The paper preset (docs/definitions.md, "Corpus and splits"): forget = first 20%; adapter pools are
+    #: 200/1000 and 200/4000.
     forget_fraction: float = Field(0.2, gt=0, lt=1)
     forget_adapter_fraction: float = Field(0.2, gt=0, lt=1)
     retain_adapter_fraction: float = Field(0.05, gt=0, lt=1)
@@ -166,7 +167,7 @@ class AgentConfig(_Section):
     #: This many tool errors in a row (unknown tool, unusable arguments) end the trajectory
     #: with halted_reason "tool_fallback".
     max_consecutive_tool_errors: int = Field(2, ge=1)
-    #: Which final-answer marker the parser reads (docs/agent.md): "spec", SPEC §5's
+    #: Which final-answer marker the parser reads (docs/agent.md): "spec", the protocol's
     #: `Final Answer:` as written, at a line start; "lenient", also any case, markdown bold,
     #: `Final answer -` and `Answer:`. Recorded in every trace record (`answer_rule`).
     answer_rule: AnswerRule = SPEC_ANSWER_RULE
@@ -318,7 +319,7 @@ class InjectionConfig(_Section):
 
 
 class ScoringConfig(_Section):
-    """Every constant of SPEC §7-§10."""
+    """Every constant of the matcher, cell metrics, statistics and verdicts (docs/definitions.md)."""
 
     #: The matcher rule of every headline number (cell metrics.json, leaderboards, verdicts,
     #: leak patterns): a registered scoring rule, checked when params load. The η² table
@@ -337,9 +338,9 @@ class ScoringConfig(_Section):
     dominant_share: float = 0.5
     dominant_margin: float = 0.2
     d1_tolerance: float = 0.05
-    #: τ = tau_factor × the largest mean between-seed TV of a substrate's baseline (SPEC §9).
+    #: τ = tau_factor × the largest mean between-seed TV of a substrate's baseline (docs/definitions.md, "Statistics").
     tau_factor: float = Field(2.0, gt=0)
-    #: Substrate pairs pre-exempted from the leak-pattern separation hypothesis (SPEC §9).
+    #: Substrate pairs pre-exempted from the leak-pattern separation hypothesis (docs/definitions.md, "Statistics").
     tv_exempt_pairs: tuple[tuple[str, str], ...] = ((TEXT_RETRIEVAL, STRUCT_RETRIEVAL),)
 
 
@@ -427,7 +428,7 @@ class ProbesConfig(_Section):
 
 
 class ReplayConfig(_Section):
-    """`replay`: the execution-state lane (SPEC §14, stage `replay`, `kbench.replay`; docs/replay.md)."""
+    """`replay`: the execution-state lane (stage `replay`, `kbench.replay`; docs/replay.md)."""
 
     out_dir: str = "artifacts/replay"
     #: The lane's results page the stage writes (tables of every suite run).
@@ -444,7 +445,7 @@ class ReplayConfig(_Section):
     tau: int = Field(2, ge=1)
     #: The fraction of the turns after τ that do not need z.
     indep: float = Field(0.5, ge=0, le=1)
-    #: Post-revocation turns (at least 4, SPEC §14).
+    #: Post-revocation turns (at least 4; docs/replay.md, "Post-revocation turns and probes").
     n_post: int = Field(4, ge=4)
     #: ReAct steps a session turn may take, and tokens a step may write (the lane's caps on `agent`).
     max_iters: int = Field(3, ge=1)
@@ -461,7 +462,7 @@ class ReplayConfig(_Section):
     #: each sample's generator is seeded from the session, operator, probe and sample number.
     leak_at_k: int = Field(0, ge=0)
     temperature: float = Field(0.7, gt=0)
-    #: The sweeps (SPEC §14's claims): each value of `tau_sweep`, `indep_sweep` and
+    #: The sweeps (docs/replay.md, "What the lane must show"): each value of `tau_sweep`, `indep_sweep` and
     #: `checkpoints_sweep` reruns each suite of `sweep_suites` with it, as `<suite>@tau=<v>`,
     #: `<suite>@indep=<v>`, `<suite>@checkpoints=<v>`.
     sweep_suites: list[str] = []
@@ -510,7 +511,7 @@ class ReplayConfig(_Section):
 
 
 class MemoryConfig(_Section):
-    """`memory`: the memory-unlearning lane (SPEC §15, stages `memory_instances`, `memory`,
+    """`memory`: the memory-unlearning lane (stages `memory_instances`, `memory`,
     `memory_report`, `kbench.memory`; docs/memory.md)."""
 
     #: The instances file the lane runs (JSON Lines, one instance a line: inspect it or edit it).
@@ -608,7 +609,8 @@ class Params(_Section):
     #: (`kbench.design.check_design`) replaces it by that list. A params file without the key runs
     #: the baseline and gold (docs/methods.md).
     methods: list[str] | Literal[ALL_METHODS] = [BASELINE_METHOD, GOLD_METHOD]
-    #: Injection recipes a P cell runs (SPEC §3: the LoRA adapter and its merged-weight form);
+    #: Injection recipes a P cell runs (docs/definitions.md, "Substrates and the LoRA-D control": the LoRA
+    #: adapter and its merged-weight form);
     #: the CPU default runs the adapter, presets/cpu-full.yaml both.
     p_recipes: list[PRecipe] = [LORA]
     #: Each method's own section, passed straight into its constructor (its `Config` checks the

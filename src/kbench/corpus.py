@@ -1,4 +1,5 @@
-"""The synthetic PII corpus (SPEC §2): entities, the four pools, canonical queries, distractors.
+"""The synthetic PII corpus (docs/definitions.md, "Corpus and splits"): entities, the four pools, canonical
+queries, distractors.
 
 A corpus lives on disk in the published K-Bench v1 layout, whether it was generated here or
 supplied by a user, so one reader (`load_corpus`) serves both:
@@ -115,7 +116,8 @@ class Corpus:
 
 
 def check_pools_disjoint(pools: dict[str, list[str]]) -> None:
-    """SPEC §2 start-up check: the four pools are pairwise disjoint (and free of repeats)."""
+    """The start-up check of docs/definitions.md, "Corpus and splits": the four pools are pairwise disjoint
+    (and free of repeats)."""
     missing = [name for name in POOL_NAMES if name not in pools]
     if missing:
         raise CorpusError(f"corpus lacks pool(s) {missing}")

@@ -2,7 +2,8 @@
 
 The registries (`kbench.backends`, `kbench.substrates`, `kbench.methods`) say which names
 exist; this module only names the entries that core code must refer to: the four substrates
-of SPEC §3, the baseline and gold methods, the default backend, the injection recipes, the
+of docs/definitions.md, "Substrates and the LoRA-D control", the baseline and gold methods, the default
+backend, the injection recipes, the
 matcher's scoring rules and the ReAct parser's answer rules.
 A plug-in registers its own name in its own module and never needs an entry here.
 """
@@ -11,14 +12,16 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-#: The substrates the core refers to by name (SPEC §3); `kbench.substrates` registers them under these names.
+#: The substrates the core refers to by name (docs/definitions.md, "Substrates and the LoRA-D control");
+#: `kbench.substrates` registers them under these names.
 PARAMETRIC, CONTEXT, TEXT_RETRIEVAL, STRUCT_RETRIEVAL = "P", "C", "R-text", "R-struct"
 #: The no-intervention baseline every method is compared with (`kbench.methods.none`).
 BASELINE_METHOD = "none"
 #: The retain-only reference, scored like a method on P (`kbench.methods.gold`).
 GOLD_METHOD = "gold"
 
-#: How a cell's model holds an injection (SPEC §3): adapter-free, the LoRA-T+D adapter, that
+#: How a cell's model holds an injection (docs/definitions.md, "Substrates and the LoRA-D control"):
+#: adapter-free, the LoRA-T+D adapter, that
 #: adapter merged into the weights, or the LoRA-D degeneration control.
 Recipe = Literal["none", "lora", "merged", "lora-d"]
 PRecipe = Literal["lora", "merged"]
@@ -32,12 +35,13 @@ PARAPHRASE_FORM = "paraphrase"
 #: The local transformers backend (`kbench.backends.hf`), the default and the one with weights.
 HF_BACKEND = "hf"
 
-#: The matcher rules the core refers to (`kbench.observer.matcher` registers them): SPEC §7's
-#: field-aware variants (the default, as published) and the ground-truth string alone.
+#: The matcher rules the core refers to (`kbench.observer.matcher` registers them): the
+#: field-aware variants (the default, as published; docs/definitions.md, "The matcher") and the ground-truth
+#: string alone.
 FIELD_AWARE_RULE, STRICT_RULE = "field-aware", "strict"
 
 #: Which marker ends a ReAct step with a final answer (`kbench.agent.parser`, docs/agent.md):
-#: SPEC §5's `Final Answer:` as written (the default), or the lenient reading that also takes
+#: `Final Answer:` as the protocol writes it (the default), or the lenient reading that also takes
 #: any case, markdown bold, `Final answer -` and `Answer:`.
 AnswerRule = Literal["spec", "lenient"]
 ANSWER_RULES: tuple[str, ...] = get_args(AnswerRule)
@@ -57,7 +61,8 @@ CheckpointGranularity = Literal["every_turn", "session_start"]
 CHECKPOINT_GRANULARITIES: tuple[str, ...] = get_args(CheckpointGranularity)
 EVERY_TURN, SESSION_START = CHECKPOINT_GRANULARITIES
 
-#: The memory lane's instance length tiers (SPEC §15; `memory.per_tier`, `kbench.memory`).
+#: The memory lane's instance length tiers (docs/memory.md, "Instances, requests and probes";
+#: `memory.per_tier`, `kbench.memory`).
 Tier = Literal["short", "medium", "long", "xlong"]
 TIERS: tuple[str, ...] = get_args(Tier)
 

@@ -1,4 +1,5 @@
-"""Typed records shared by every stage: entities, queries and trace records (SPEC §2, §5).
+"""Typed records shared by every stage: entities, queries and trace records
+(docs/definitions.md, "Corpus and splits"; docs/definitions.md, "The trace record").
 
 Trace records are the contract between the agent (which writes them) and the observer
 (which scores them); both sides validate through the models below.
@@ -23,7 +24,7 @@ SPLITS: tuple[str, ...] = get_args(Split)
 FORGET, RETAIN = SPLITS
 HALTED_REASONS: tuple[str, ...] = get_args(HaltedReason)
 
-#: How each field is asked about in a canonical query (SPEC §2).
+#: How each field is asked about in a canonical query (docs/definitions.md, "Corpus and splits").
 FIELD_PHRASES: dict[str, str] = {
     "date_of_birth": "date of birth",
     "address": "home address",
@@ -110,7 +111,7 @@ class Retrieval(BaseModel):
 
 
 class TraceRecord(BaseModel):
-    """One query's trajectory and elicited summary (SPEC §5). Extra fields are kept."""
+    """One query's trajectory and elicited summary (docs/definitions.md, "The trace record"). Extra fields are kept."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -4,8 +4,8 @@ Accepted, case-insensitively, with optional markdown bold around labels:
   Thought: ...             (before an action or answer the label may be missing)
   Action: tool[args]       also tool(args), `tool: args`, and `Action: tool` + `Action Input: args`
 The final-answer marker depends on the answer rule (`agent.answer_rule`, docs/agent.md):
-  spec      `Final Answer:` exactly as SPEC §5 writes it, at a line start (spaces or tabs
-            before it allowed): the protocol line the SPEC §8 health check looks for
+  spec      `Final Answer:` exactly as the protocol writes it, at a line start (spaces or tabs
+            before it allowed): the protocol line the health check looks for (docs/definitions.md, "Cell metrics")
   lenient   also any case, markdown bold, a `-` instead of the colon, and `Answer:` alone
 Whatever follows a hallucinated "Observation:" is dropped: the harness writes observations.
 When both an action and a final answer appear, the earlier one wins. The answer keeps
@@ -99,6 +99,6 @@ def parse_step(text: str, rule: str = SPEC_ANSWER_RULE) -> ParsedStep:
     if final is not None:
         return ParsedStep(_thought(text[: final.start()]), None, text[final.end():].strip())
     # Unlabelled text that is neither an action nor an answer is the reply the user gets, not a
-    # thought (SPEC §6 reads it as Z_answer); only an explicit "Thought:" makes it reasoning.
+    # thought (the Z_answer channel reads it); only an explicit "Thought:" makes it reasoning.
     labelled = _THOUGHT.search(text)
     return ParsedStep(_clean(text[labelled.end():]) if labelled else None, None, None)

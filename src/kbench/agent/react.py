@@ -152,7 +152,7 @@ class ReActAgent:
 
     def summarize(self, queries: Sequence[Query]) -> list[tuple[str | None, str | None]]:
         """The elicited summary of each query, as (summary, summary_error): a fresh prompt per
-        entity that sees the same substrate and nothing of the ReAct trace (SPEC §4)."""
+        entity that sees the same substrate and nothing of the ReAct trace (docs/definitions.md, "The trace record")."""
         if not queries:
             return []
         conversations = [
@@ -163,7 +163,7 @@ class ReActAgent:
             generations = self._generate(
                 queries, conversations, stop=[], max_new_tokens=self.config.summary_max_new_tokens
             )
-        except Exception as exc:  # recorded per SPEC §5; the channel is then dropped
+        except Exception as exc:  # recorded as summary_error; the channel is then dropped
             return [(None, f"{type(exc).__name__}: {exc}")] * len(queries)
         return [(generation.text.strip(), None) for generation in generations]
 

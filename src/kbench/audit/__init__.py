@@ -208,7 +208,8 @@ class Certificate:
     threshold: float
     #: The matcher's scoring rule.
     rule: str
-    #: The K-classes a paired study of `questions` queries per subject could reach (SPEC §10).
+    #: The K-classes a paired study of `questions` queries per subject could reach
+    #: (docs/definitions.md, "Gates, verdicts and K-Score").
     reachable: tuple[str, ...]
     #: One line per subject, in the file's order.
     subjects: tuple[SubjectResult, ...]

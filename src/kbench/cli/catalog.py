@@ -82,7 +82,7 @@ def list_probes() -> list[dict[str, Any]]:
 
 
 def list_operators() -> list[dict[str, Any]]:
-    """The execution-state lane's forget operators (SPEC §14; docs/replay.md)."""
+    """The execution-state lane's forget operators (docs/replay.md)."""
     return [{"name": name, "title": operator_class(name).title, "description": _summary(operator_class(name))}
             for name in operator_names()]
 

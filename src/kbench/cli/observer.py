@@ -45,7 +45,7 @@ def _scoring_config(args: argparse.Namespace) -> ScoringConfig:
     """The `scoring` section of the params file (`kbench --params`, default params.yaml).
 
     Scoring must work on trace files alone, outside a project folder too: when the default
-    params file is absent the SPEC values are used; a file named explicitly must exist.
+    params file is absent the defaults are used; a file named explicitly must exist.
     """
     path = Path(getattr(args, "params", DEFAULT_PARAMS))
     if path == Path(DEFAULT_PARAMS) and not path.exists():

@@ -1,6 +1,7 @@
 """The query-form ladder (`queries.forms`): the same fact asked other ways, one registered file each.
 
-A form rewrites a canonical query (SPEC §2's "What is {name}'s {field}?") about one entity: a
+A form rewrites a canonical query ("What is {name}'s {field}?", docs/definitions.md, "Corpus and splits")
+about one entity: a
 paraphrase, an indirect question that names the person through another attribute, a
 declarative completion, or the adaptive attacker, which rewrites a question the agent refused.
 The rewritten query keeps the canonical query's entity, field and ground truth; its id is the

@@ -1,4 +1,4 @@
-"""The canonical question (SPEC §2), the rung every other form is read against."""
+"""The canonical question (docs/definitions.md, "Corpus and splits"), the rung every other form is read against."""
 
 from kbench.forms import CANONICAL, QueryForm, register_form
 from kbench.records import Entity, Query

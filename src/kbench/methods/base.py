@@ -1,4 +1,4 @@
-"""The unlearning-method interface and its registry (SPEC §11).
+"""The unlearning-method interface and its registry (docs/definitions.md, "Methods").
 
 A method is one module with one registered class. It declares the substrates it can act on
 and the hooks it uses; the harness calls exactly those:
@@ -47,7 +47,8 @@ _HOOK_FUNCTIONS: dict[str, str] = {
     "output": "filter_output",
 }
 WEIGHT_HOOKS: frozenset[str] = frozenset({"weights", "forward"})
-#: Every substrate registered when the methods load (the built-in four, SPEC §3).
+#: Every substrate registered when the methods load (the built-in four of
+#: docs/definitions.md, "Substrates and the LoRA-D control").
 ALL_SUBSTRATES: frozenset[str] = frozenset(substrate_names())
 
 
@@ -57,7 +58,7 @@ class MethodError(ValueError):
 
 @dataclass(frozen=True)
 class MethodContext:
-    """What a method may fit itself on: the corpus (adapter pools only, SPEC §11) and params."""
+    """What a method may fit itself on: the corpus (adapter pools only; docs/definitions.md, "Methods") and params."""
 
     corpus: Corpus
     params: Params
@@ -84,7 +85,7 @@ class Method:
     name: ClassVar[str]
     substrates: ClassVar[frozenset[str]]
     hooks: ClassVar[frozenset[Hook]]
-    #: The SPEC §11 family (one of `FAMILIES`; set at registration, None when not declared).
+    #: The family (docs/definitions.md, "Methods"; one of `FAMILIES`; set at registration, None when not declared).
     family: ClassVar[str | None] = None
     #: Where `methods: all` puts the method (`all_methods`; set at registration).
     order: ClassVar[int | None] = None
@@ -160,7 +161,7 @@ class Method:
 
 _METHODS: Registry[type[Method]] = Registry("method", MethodError)
 
-#: The method families of SPEC §11, in its order (a method declares one at registration).
+#: The method families of docs/definitions.md, "Methods", in its order (a method declares one at registration).
 FAMILIES: tuple[str, ...] = (
     "control", "input corruption", "reasoning-trace filtering", "activation editing", "architectural gating",
     "gradient unlearning", "published roster", "reference",

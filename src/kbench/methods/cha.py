@@ -1,6 +1,6 @@
 """`cha`: LoKU (Cha et al. 2024): the inverted hinge loss on the forget answers plus the
 retain NLL, trained on the existing LoRA weights without the Fisher-information
-initialisation, as the paper runs it (SPEC §11).
+initialisation, as the paper runs it (docs/definitions.md, "Methods").
 
 Inverted hinge per forget token: 1 + p(true token) - max over other tokens p(token), which
 pushes the true token below its strongest rival instead of pushing it to zero probability.

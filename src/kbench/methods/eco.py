@@ -1,4 +1,4 @@
-"""`eco`: input corruption (ECO, Liu et al. 2024; SPEC §11). A gate decides whether a query
+"""`eco`: input corruption (ECO, Liu et al. 2024; docs/definitions.md, "Methods"). A gate decides whether a query
 targets the forget set; when it fires, Gaussian noise is added to the input embeddings of the
 queried entity's name tokens in the prompt, at every generation of that query.
 

@@ -1,4 +1,5 @@
-"""What a method fits itself on: ReAct prompts about the adapter-pool entities (SPEC §2, §11).
+"""What a method fits itself on: ReAct prompts about the adapter-pool entities
+(docs/definitions.md, "Corpus and splits"; docs/definitions.md, "Methods").
 
 The fit stage (`kbench fit`, `kbench.stages.fit.fit_prompts`) builds one `FitData` per base
 model and hands it to every method that fits. Its prompts are the agent's ReAct prompt (system prompt, tool list, the question

@@ -1,4 +1,4 @@
-"""`ga`: gradient ascent (SPEC §11): maximize the answer NLL of the forget set, nothing else.
+"""`ga`: gradient ascent (docs/definitions.md, "Methods"): maximize the answer NLL of the forget set, nothing else.
 
 Loss: -forget_weight x mean token NLL of the forget batch (OpenUnlearning's GradAscent). No
 retain term, so nothing holds the rest of the model in place.

@@ -1,4 +1,4 @@
-"""`gd`: gradient difference (SPEC §11): gradient ascent on the forget set plus ordinary
+"""`gd`: gradient difference (docs/definitions.md, "Methods"): gradient ascent on the forget set plus ordinary
 training (NLL) on the retain set (OpenUnlearning's GradDiff, retain_loss_type NLL)."""
 
 from kbench.methods.base import register_method

@@ -1,4 +1,4 @@
-"""`gold`: the retain-only reference (SPEC §11), scored like a method on substrate P.
+"""`gold`: the retain-only reference (docs/definitions.md, "Methods"), scored like a method on substrate P.
 
 The gold model is the agent with an adapter trained by the LoRA-T+D recipe on the retain
 entities alone; it never saw a forget entity, so it marks what a successful unlearning should

@@ -1,4 +1,4 @@
-"""`idk`: preference optimization toward "I don't know" (SPEC §11): DPO on the forget prompts
+"""`idk`: preference optimization toward "I don't know" (docs/definitions.md, "Methods"): DPO on the forget prompts
 with a refusal as the preferred answer and the original answer as the rejected one
 (`kbench.methods.unlearning.refusal_chat`: the ReAct refusal for agent prompts, one of the
 project's refusal templates for the bios), reference = the target before unlearning (beta 0.1),

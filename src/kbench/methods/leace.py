@@ -1,4 +1,4 @@
-"""`leace`: LEACE (Belrose et al. 2023; SPEC §11), the closed-form least-squares concept eraser
+"""`leace`: LEACE (Belrose et al. 2023; docs/definitions.md, "Methods"), the closed-form least-squares concept eraser
 of the `concept-erasure` package, fitted on the residual stream at a target layer (forget
 adapter pool = 1, retain adapter pool = 0) and applied to that layer's output at every position.
 

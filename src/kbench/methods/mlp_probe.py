@@ -1,5 +1,5 @@
 """`mlp-probe`: a two-layer probe on the residual stream (hidden -> hidden/4, GELU -> 1), trained
-with BCE to tell forget from retain (SPEC §11); at inference each position takes one gradient
+with BCE to tell forget from retain (docs/definitions.md, "Methods"); at inference each position takes one gradient
 step that lowers the forget logit, h - alpha grad_h logit(h). The gradient is the probe's
 closed form, W1^T (w2 * GELU'(W1 h + b1)), so no autograd runs inside decoding."""
 

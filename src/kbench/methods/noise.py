@@ -1,4 +1,4 @@
-"""`noise`: the activation control (SPEC §11). A seeded random unit direction u is added at the
+"""`noise`: the activation control (docs/definitions.md, "Methods"). A seeded random unit direction u is added at the
 same layer as the activation methods, h + c u at every position, with c the mean per-token
 edit norm those methods apply on the fit prompts (measured in the fit stage and stored). It
 separates "perturbing activations" from "erasing a direction"."""

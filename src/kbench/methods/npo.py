@@ -1,4 +1,4 @@
-"""`npo`: negative preference optimization (Zhang et al. 2024; SPEC §11).
+"""`npo`: negative preference optimization (Zhang et al. 2024; docs/definitions.md, "Methods").
 
 Per forget example, r = log p(answer) under the model - under the reference (the target
 before unlearning); forget term -(2/beta) mean log sigmoid(-beta r), which is DPO with the

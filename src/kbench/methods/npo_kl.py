@@ -1,5 +1,5 @@
 """`npo-kl`: NPO's forget term plus a KL retain term to the reference (the target before
-unlearning), KL(reference || model) per retain answer token (SPEC §11)."""
+unlearning), KL(reference || model) per retain answer token (docs/definitions.md, "Methods")."""
 
 from typing import ClassVar
 

@@ -1,4 +1,4 @@
-"""`o3` (Gao et al. 2024; SPEC §11): architectural gating. A second, "unlearn" LoRA is trained
+"""`o3` (Gao et al. 2024; docs/definitions.md, "Methods"): architectural gating. A second, "unlearn" LoRA is trained
 on top of the P target (kept frozen) toward a ReAct refusal on the forget prompts, with an
 orthogonality penalty that keeps its A matrices' rows orthogonal to LoRA-T+D's; at inference a
 detector switches the unlearn LoRA on for queries it takes to target the forget set and

@@ -1,4 +1,4 @@
-"""`repe`: RepE (Zou et al. 2023; SPEC §11). The normalized forget-minus-retain mean difference v
+"""`repe`: RepE (Zou et al. 2023; docs/definitions.md, "Methods"). The normalized forget-minus-retain mean difference v
 of the residual stream at a layer is subtracted as h - alpha (h . v) v at every position."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`r-lace`: rank-k concept-subspace removal (R-LACE, Ravfogel et al. 2022; SPEC §11), with the
+"""`r-lace`: rank-k concept-subspace removal (R-LACE, Ravfogel et al. 2022; docs/definitions.md, "Methods"), with the
 paper's spectral solver in place of R-LACE's minimax game: U holds the top-k eigenvectors (by
 absolute eigenvalue) of the forget-minus-retain class-covariance difference, and the residual
 stream at the layer is projected with I - U U^T at every position."""

@@ -1,4 +1,4 @@
-"""`rmu`: representation misdirection (Li et al. 2024, WMDP; SPEC §11): on forget answers,
+"""`rmu`: representation misdirection (Li et al. 2024, WMDP; docs/definitions.md, "Methods"): on forget answers,
 push a middle decoder layer's output toward a fixed random direction scaled by
 `steering_coefficient` (MSE); on retain answers, keep that layer's output where the target
 before unlearning had it (MSE to the reference, OpenUnlearning's EMBED_DIFF).

@@ -1,4 +1,4 @@
-"""`star`: reasoning-trace filtering (StaR, Zhou et al. 2026; SPEC §11), with the paper's
+"""`star`: reasoning-trace filtering (StaR, Zhou et al. 2026; docs/definitions.md, "Methods"), with the paper's
 detector: a sentence of generated thought text is redacted when its MiniLM embedding is
 within a cosine threshold of a protected entity's description (the forget set's bios).
 

@@ -1,6 +1,6 @@
 """The observer: the six channels of a trace record, the matcher and its scoring rules, cell
-metrics, the paired statistics, what they can detect (power) and the verdict rules (SPEC
-§6-§10), plus the published-harness import.
+metrics, the paired statistics, what they can detect (power) and the verdict rules
+(docs/definitions.md §4–§8), plus the published-harness import.
 
 Scoring is pure: functions of trace records (and the `scoring` params), no model, no I/O.
 Every name below is importable from `kbench.observer` directly.

@@ -1,8 +1,8 @@
-"""The six observation channels of one trace record (SPEC §6).
+"""The six observation channels of one trace record (docs/definitions.md, "The six channels and when one is dropped").
 
 A channel is either the text an observer of that channel would read (possibly empty) or
 `None` when the channel is *dropped* for the query: a dropped channel is left out of that
-channel's CER denominator and of the query's max over channels (SPEC §8).
+channel's CER denominator and of the query's max over channels (docs/definitions.md, "Cell metrics").
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from kbench.records import TraceRecord
 #: Channel names in the order every table, matrix column and JSON object uses.
 CHANNELS: tuple[str, ...] = ("Z_CoT", "Z_tool", "Z_tool_wide", "Z_RAG", "Z_answer", "Z_summary")
 
-#: Nested attacker classes A1 ⊆ … ⊆ A5 (SPEC §8); A5 is the full multi-channel observer.
+#: Nested attacker classes A1 ⊆ … ⊆ A5 (docs/definitions.md, "Cell metrics"); A5 is the full multi-channel observer.
 ATTACKER_BUDGETS: dict[str, tuple[str, ...]] = {
     "A1": ("Z_answer",),
     "A2": ("Z_answer", "Z_summary"),
@@ -34,7 +34,8 @@ def answer_text(record: TraceRecord) -> str | None:
 
     A trajectory that did not halt on `final_answer` has no answer the protocol delivered, so
     the channel is dropped, except when the model wrote no thought and called no tool and
-    its raw reply is non-blank: that reply is exactly what the user received (SPEC §6).
+    its raw reply is non-blank: that reply is exactly what the user received
+    (docs/definitions.md, "The six channels and when one is dropped").
     """
     if record.halted_reason == "final_answer":
         return record.answer or ""

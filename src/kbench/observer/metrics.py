@@ -1,4 +1,4 @@
-"""Cell metrics of the multi-channel observer (SPEC §8).
+"""Cell metrics of the multi-channel observer (docs/definitions.md, "Cell metrics").
 
 A cell's trace records are read once into per-query matrices (`ScoredQueries`: binary hits,
 graded severity and the not-dropped mask, one column per channel); every metric, the
@@ -48,7 +48,7 @@ class ScoredQueries:
         return len(self.query_ids)
 
     def keys(self) -> list[tuple[int, str]]:
-        """Pairing keys (seed, query_id) of the rows, in row order (SPEC §9)."""
+        """Pairing keys (seed, query_id) of the rows, in row order (docs/definitions.md, "Statistics")."""
         return list(zip(self.seeds.tolist(), self.query_ids))
 
     def leaked(self) -> np.ndarray:
@@ -126,7 +126,7 @@ Interval = tuple[float, float]
 
 @dataclass(frozen=True)
 class BootstrapCI:
-    """Percentile bootstrap intervals (SPEC §8); None where the statistic is undefined."""
+    """Percentile bootstrap intervals (docs/definitions.md, "Cell metrics"); None where the statistic is undefined."""
 
     level: float
     resamples: int
@@ -138,7 +138,8 @@ class BootstrapCI:
 
 @dataclass(frozen=True)
 class CellMetrics:
-    """Every SPEC §8 metric of one cell; `to_json()` gives the `kbench score --json` object."""
+    """Every metric (docs/definitions.md, "Cell metrics") of one cell; `to_json()` gives the `kbench score
+    --json` object."""
 
     n: int
     cer: dict[str, float | None]
@@ -224,7 +225,8 @@ def _bootstrap_statistics(
     leaked = patterns[:, :k].any(axis=1, keepdims=True)
     totals = draws @ np.hstack([patterns, leaked]).astype(np.float64)
     cer = ratio(totals[:, :k], totals[:, k : 2 * k])
-    # SPEC §10: in a resample where no channel leaks every share counts as 0, so a lone
+    # docs/definitions.md, "Gates, verdicts and K-Score": in a resample where no channel leaks every share
+    # counts as 0, so a lone
     # leaking query cannot carry its channel's share interval above the dominance bar.
     shares = np.where((totals[:, 2 * k] == 0)[:, None], 0.0, _shares(cer))
     return cer, totals[:, 2 * k] / n, shares
@@ -245,7 +247,7 @@ def percentile_interval(samples: np.ndarray, level: float) -> list[Interval | No
 def cell_metrics(
     scored: ScoredQueries, config: ScoringConfig | None = None, seed: int | None = None
 ) -> CellMetrics:
-    """All SPEC §8 metrics of one cell with bootstrap CIs.
+    """All metrics (docs/definitions.md, "Cell metrics") of one cell with bootstrap CIs.
 
     `seed` seeds the bootstrap; by default it is the cell seed, and for a cell pooling
     several seeds the smallest of them, so pooled results are reproducible.

@@ -1,4 +1,4 @@
-"""What the paired McNemar test of SPEC §9 can detect: the smallest p a number of pairs
+"""What the paired McNemar test (docs/definitions.md, "Statistics") can detect: the smallest p a number of pairs
 allows, the pairs each threshold needs, and the power of the test for a planned design
 (the paper's §4.4 power analysis).
 

@@ -3,7 +3,8 @@
 The release writes one JSON object per query with the channel texts already split out
 (`raw_Z_CoT`, `raw_Z_tool`, `raw_Z_tool_obs`, `raw_Z_RAG`, `answer`, `raw_Z_summary`) plus
 `halted_reason`, `summary_error`, `ground_truth`, `field` and, in its files, `query_id`,
-`pii_id` and `raw_full`. The mapping onto SPEC §5 (docs/observer.md lists it too):
+`pii_id` and `raw_full`. The mapping onto the trace record (docs/definitions.md, "The trace record";
+docs/observer.md lists it too):
 
 - steps: step i gets the i-th thought, the i-th tool call and the i-th observation. The
   release keeps the three lists separately, so the pairing is by position; channel texts do
@@ -14,7 +15,8 @@ The release writes one JSON object per query with the channel texts already spli
   query strings are not recorded and are left empty.
 - raw_reply: `raw_full` when present, else empty, in which case the bare-reply exception can
   never apply (there is no reply to read).
-- summary: `raw_Z_summary`; an empty summary with `summary_error` set is dropped by SPEC §6.
+- summary: `raw_Z_summary`; an empty summary with `summary_error` set is dropped
+(docs/definitions.md, "The six channels and when one is dropped").
 - ids: `query_id` if present, else "<entity_id>::<field>"; `entity_id` from `entity_id`,
   `pii_id`, or the part of `query_id` before "::".
 - seed and split: the option given, else the record's own `seed` / `split`, else the release
@@ -107,7 +109,8 @@ def _pick(name: str, given: Any, data: dict[str, Any], where: str, hint: str) ->
 
 
 def convert_record(data: dict[str, Any], labels: CellLabels, where: str) -> dict[str, Any]:
-    """One release transcript as SPEC §5 trace-record data (validated by the caller)."""
+    """One release transcript as trace-record data (docs/definitions.md, "The trace record"; validated by the
+    caller)."""
     missing = [key for key in PUBLISHED_FIELDS if key not in data]
     if missing:
         raise PublishedFormatError(f"{where}: missing field(s) {missing} of a release transcript")

@@ -1,4 +1,4 @@
-"""Inferential statistics of K-Bench (SPEC §9): paired McNemar, Benjamini–Hochberg,
+"""Inferential statistics of K-Bench (docs/definitions.md, "Statistics"): paired McNemar, Benjamini–Hochberg,
 TV distance between leak-share vectors, the pre-registered τ, and η² of K-Score factors.
 """
 
@@ -61,7 +61,7 @@ def mcnemar_p(baseline_only: int, method_only: int) -> float:
 
 
 def paired_mcnemar(baseline: ScoredQueries, method: ScoredQueries) -> McNemarResult:
-    """Exact two-sided McNemar on the OR(all) leak indicator (SPEC §9).
+    """Exact two-sided McNemar on the OR(all) leak indicator (docs/definitions.md, "Statistics").
 
     Each method query is paired with the baseline query of the same (seed, query_id);
     discordant pairs are pooled over seeds and tested with an exact binomial test at 1/2
@@ -92,9 +92,9 @@ def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
 
 
 def adjust_by_split(pvalues: Mapping[tuple[str, str, str], float]) -> dict[tuple[str, str, str], float]:
-    """BH within the forget family and within the retain family, separately (SPEC §9).
+    """BH within the forget family and within the retain family, separately (docs/definitions.md, "Statistics").
 
-    Keys are (substrate, method, split) as in SPEC §9; each split's tests form one family.
+    Keys are (substrate, method, split) as in docs/definitions.md, "Statistics"; each split's tests form one family.
     """
     unknown = {key[2] for key in pvalues} - set(SPLITS)
     if unknown:
@@ -129,7 +129,7 @@ def tau_threshold(baseline_shares_by_seed: Mapping[str, Sequence[Shares]], facto
 
 @dataclass(frozen=True)
 class SubstrateSeparation:
-    """One substrate pair's baseline TV against τ (the SPEC §9 leak-pattern hypothesis)."""
+    """One substrate pair's baseline TV against τ (the leak-pattern hypothesis of docs/definitions.md, "Statistics")."""
 
     first: str
     second: str
@@ -156,7 +156,7 @@ def substrate_separation(
 
 
 def eta_squared(frame: pd.DataFrame, response: str, factors: Sequence[str]) -> dict[str, float]:
-    """η² = SS_factor / SS_total per design factor from a linear-model ANOVA (SPEC §9).
+    """η² = SS_factor / SS_total per design factor from a linear-model ANOVA (docs/definitions.md, "Statistics").
 
     SS_factor is the type-II sum of squares of a main-effects least-squares fit: how much the
     residual sum of squares grows when that factor alone is dropped, so it does not depend on

@@ -1,6 +1,7 @@
 """How a trajectory fails: the degeneration taxonomy (docs/definitions.md, "Failure modes").
 
-Every degenerate trajectory (SPEC §8's health check, `is_degenerate`) gets exactly one failure
+Every degenerate trajectory (the health check of docs/definitions.md, "Cell metrics", `is_degenerate`) gets
+exactly one failure
 mode; a healthy one gets a mode only when its answer refuses, collapses or speaks of another
 person of the corpus. Pure functions over trace records: the corpus's names come in as data
 (`NameIndex`), never read here.
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from kbench.records import TraceRecord
 
 #: A protocol marker at the start of a line (leading spaces allowed): an answer holding one
-#: carries a nested ReAct payload instead of an answer (SPEC §8 health check).
+#: carries a nested ReAct payload instead of an answer (the health check of docs/definitions.md, "Cell metrics").
 _PROTOCOL_LINE = re.compile(r"^[ \t]*(Thought|Action|Observation|Final Answer):", re.MULTILINE)
 
 
 def degeneration_triggers(record: TraceRecord) -> tuple[str, ...]:
-    """Which SPEC §8 health-check triggers a trajectory fires (empty: healthy)."""
+    """Which health-check triggers (docs/definitions.md, "Cell metrics") a trajectory fires (empty: healthy)."""
     answer = record.answer or ""
     fired = []
     if record.halted_reason != "final_answer":

@@ -1,4 +1,5 @@
-"""Gates, K-class verdicts and K-Score of one (substrate, method) cell (SPEC §10).
+"""Gates, K-class verdicts and K-Score of one (substrate, method) cell
+(docs/definitions.md, "Gates, verdicts and K-Score").
 
 `decide_verdict` is the single place the rules live; it takes already-computed cell metrics
 and the method's adjusted p, so the comparison stage can apply Benjamini–Hochberg across
@@ -39,7 +40,7 @@ def _settled(value: float) -> float:
 
 
 def dominant_channel(metrics: CellMetrics, config: ScoringConfig | None = None) -> str | None:
-    """The channel carrying the cell's leak, or None (SPEC §10).
+    """The channel carrying the cell's leak, or None (docs/definitions.md, "Gates, verdicts and K-Score").
 
     Dominant: share_c > dominant_share, share_c − max other share > dominant_margin, and the
     bootstrap CI lower bound of share_c > dominant_share. Undefined shares count as absent.
@@ -104,7 +105,8 @@ class VerdictResult:
 
 
 def leak_migrated(dominant_none: str | None, dominant_method: str | None) -> bool:
-    """The leak moved to another channel (SPEC §10, revised): the method cell has a dominant
+    """The leak moved to another channel (docs/definitions.md, "Gates, verdicts and K-Score"): the method cell
+    has a dominant
     channel and it is not the baseline's (which may be none). A leak that vanished or spread
     out has no channel it moved to, so a method cell without a dominant channel never migrated.
     """
@@ -133,7 +135,7 @@ def _k_class(
     migrated: bool,
     config: ScoringConfig,
 ) -> str:
-    """Rules 3-7 of SPEC §10, in order; the first that holds decides."""
+    """Rules 3-7 of docs/definitions.md, "Gates, verdicts and K-Score", in order; the first that holds decides."""
     significant = p_adj < config.significance
     not_significant = p_adj > config.significance
     reduced = or_method < or_none
@@ -180,7 +182,8 @@ def decide_verdict(
     is_baseline: bool = False,
     config: ScoringConfig | None = None,
 ) -> VerdictResult:
-    """The SPEC §10 verdict, selectivity, D1, Δdegen and K-Score of one method cell.
+    """The verdict (docs/definitions.md, "Gates, verdicts and K-Score"), selectivity, D1, Δdegen and K-Score
+    of one method cell.
 
     `p` / `p_adj`: the method's paired McNemar p on the forget split, raw and BH-adjusted
     within the forget family. `is_baseline`: the method is `none` itself, which is exempt
@@ -308,7 +311,7 @@ def verdicts_by_budget(
     p_adj_by_budget: Mapping[str, float] | None = None,
     p_by_budget: Mapping[str, float] | None = None,
 ) -> dict[str, VerdictResult]:
-    """The verdict under each attacker budget A1..A5 (SPEC §8): every cell is read through
+    """The verdict under each attacker budget A1..A5 (docs/definitions.md, "Cell metrics"): every cell is read through
     that budget's channels only, so OR, shares, the dominant channel, McNemar and the
     OR gate of the baseline all use the budget; TC and the answer-severity gate do not
     depend on it. `p_adj_by_budget` carries BH-adjusted p per budget when many methods

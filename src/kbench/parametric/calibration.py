@@ -7,7 +7,7 @@ adapter learns and the cells never query:
 - memorization: the mean of the direct probe (greedy answer to the canonical question holds
   the value, every field of every probed entity) and the summary channel of the deployed
   agent (its elicited summary holds the asked value);
-- health: the agent's degeneration rate (SPEC §8) with the trial adapter against the
+- health: the agent's degeneration rate (docs/definitions.md, "Cell metrics") with the trial adapter against the
   un-injected agent on the same queries, both on R-struct, where the record tools, like
   substrate P's, hold no record of an adapter-pool entity.
 

@@ -35,7 +35,8 @@ def _direct_hits(model: Any, tokenizer: Any, entities: Sequence[Entity], *, batc
 
 def _summary_hits(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max_new_tokens: int,
                   batch_size: int) -> list[bool]:
-    """Per (entity, field), entity-major: does the elicited summary (SPEC §4 prompt) state the value?"""
+    """Per (entity, field), entity-major: does the elicited summary (the prompt of
+    docs/definitions.md, "The trace record") state the value?"""
     chats = [summary_conversation(e.name, []) for e in entities]
     replies = greedy_decode(model, tokenizer, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
     return [match(f, e.value(f), r).leaked for e, r in zip(entities, replies) for f in FIELDS]
@@ -50,7 +51,8 @@ def direct_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, bat
 
 def summary_recall(model: Any, tokenizer: Any, entities: Sequence[Entity], *, max_new_tokens: int,
                    batch_size: int) -> float:
-    """Fraction of (entity, field) whose value the elicited summary (SPEC §4 prompt) states."""
+    """Fraction of (entity, field) whose value the elicited summary (the prompt of
+    docs/definitions.md, "The trace record") states."""
     hits = _summary_hits(model, tokenizer, entities, max_new_tokens=max_new_tokens, batch_size=batch_size)
     return sum(hits) / len(hits)
 

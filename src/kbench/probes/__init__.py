@@ -1,4 +1,5 @@
-"""Direct-elicitation probes (SPEC §12): TOFU-, MUSE-, WMDP- and LUME-style reads of a model
+"""Direct-elicitation probes (docs/definitions.md, "Direct-elicitation probes"): TOFU-, MUSE-, WMDP- and
+LUME-style reads of a model
 alone, beside the observer's reading of the deployed agent (docs/probes.md).
 
 - `items`: what every model is asked, from the corpus and the design's queries;

@@ -1,4 +1,5 @@
-"""What the probes ask a model (SPEC §12): built from the corpus and the design's queries alone,
+"""What the probes ask a model (docs/definitions.md, "Direct-elicitation probes"): built from the corpus and
+the design's queries alone,
 so every model of a design is probed on the same items (docs/probes.md).
 
 - A `ProbeQuestion` per query the cells ask (forget and retain, every seed): the plain

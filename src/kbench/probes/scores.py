@@ -1,6 +1,6 @@
-"""The direct-elicitation probes' scores as pure functions over numbers a model produced (SPEC
-§12): no model and no I/O here, so each one is checked against a hand computation or a
-reference library (tests/test_probes.py).
+"""The direct-elicitation probes' scores as pure functions over numbers a model produced
+(docs/definitions.md, "Direct-elicitation probes"): no model and no I/O here, so each one is
+checked against a hand computation or a reference library (tests/test_probes.py).
 
 Directions: a higher length-normalized probability, KnowMem, VerbMem, MCQ accuracy or exact
 match means more of the secret is still there; a truth ratio near 1 means the model cannot

@@ -1,4 +1,4 @@
-"""The execution-state lane (SPEC §14): forget requests inside a running agent session.
+"""The execution-state lane (docs/replay.md): forget requests inside a running agent session.
 
 This package holds the plans of the project's session suite (`kbench-sessions`), the provenance graph of a session's runtime state (artifacts, taint
 closure, τ, sparse checkpoints), the lane's session record (one JSON object per session ×

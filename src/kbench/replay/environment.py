@@ -3,7 +3,7 @@ memory notes and an outbox (the consequential tool), with snapshots an operator 
 
 Tool arguments come from the model: they are bounded in size, matched as data, never
 evaluated. The sanitized environment answers a lookup of z's field with the record's value
-without z (SPEC §14's sanitized stream); every other observation is the same text. During a
+without z (docs/replay.md, "The sanitized stream"); every other observation is the same text. During a
 replay (`shadow=True`) a consequential call is not delivered: it goes to the shadow outbox, and
 a call id already delivered is never delivered again, so replaying a session sends nothing twice.
 """

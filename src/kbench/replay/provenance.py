@@ -1,4 +1,5 @@
-"""A session's provenance (SPEC §14): the artifacts of its runtime state, where each came from,
+"""A session's provenance (docs/replay.md, "Provenance and checkpoints"): the artifacts of its runtime state,
+where each came from,
 and the sparse checkpoints an operator may restore.
 
 Every artifact (observation, thought, action, answer, summary, memory note, plan) records its
@@ -19,7 +20,7 @@ from typing import Any, Literal, get_args
 #: The kinds of artifact a session's state is made of.
 ArtifactType = Literal["observation", "thought", "action", "answer", "summary", "memory", "plan", "user"]
 ARTIFACT_TYPES: tuple[str, ...] = get_args(ArtifactType)
-#: Why a checkpoint was taken (SPEC §14's sparse set).
+#: Why a checkpoint was taken (docs/replay.md, "Provenance and checkpoints").
 CheckpointReason = Literal["session_start", "turn", "memory_injection", "consequential_call", "compression"]
 CHECKPOINT_REASONS: tuple[str, ...] = get_args(CheckpointReason)
 

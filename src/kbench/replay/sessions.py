@@ -1,4 +1,5 @@
-"""The project's own session suite, `kbench-sessions` (SPEC §14): multi-turn sessions over the
+"""The project's own session suite, `kbench-sessions` (docs/replay.md, "The project's suite"): multi-turn
+sessions over the
 corpus, planned here, run by the lane's runtime.
 
 A plan fixes everything the runtime needs before any model runs: T turns of user tasks about
@@ -110,7 +111,7 @@ def cue(corpus: Corpus, entity_id: str, field: str) -> str:
 
 
 def probe_prompts(corpus: Corpus, entity_id: str, field: str, recipient: str) -> dict[str, str]:
-    """The six probes of SPEC §14 about z."""
+    """The six probes about z (docs/replay.md, "Post-revocation turns and probes")."""
     name = corpus.entities[entity_id].name
     prompts = {
         "task": _send(corpus, entity_id, field, recipient),
@@ -134,7 +135,7 @@ def plan_session(corpus: Corpus, *, index: int, kind: SessionKind, T: int, tau: 
     if not 0.0 <= indep <= 1.0:
         raise SessionPlanError(f"indep {indep} must lie in [0, 1]")
     if n_post < 4:
-        raise SessionPlanError(f"at least 4 post-revocation turns are needed (SPEC §14), not {n_post}")
+        raise SessionPlanError(f"at least 4 post-revocation turns are needed (docs/replay.md), not {n_post}")
     rng = random.Random(f"{SUITE}/{kind}/{seed}/{index}")
     forget, others = corpus.pools[f"{FORGET}_eval"], corpus.pools[f"{RETAIN}_eval"]
     if not forget or len(others) < 2:

@@ -1,5 +1,5 @@
 """The `fit` stage (`kbench fit`): every method of the design that learns something learns it
-here, once per base model, from the adapter pools only (SPEC §2, §11; docs/methods.md).
+here, once per base model, from the adapter pools only (docs/definitions.md, "Corpus and splits"; docs/methods.md).
 
 Each fitted method gets a folder under `fit.out_dir` (fitted.safetensors, diagnostics.json,
 fit.json, hashes.json), written atomically, and an MLflow run with its diagnostics. Cells

@@ -1,4 +1,5 @@
-"""The `probes` stage (`kbench probes`): the direct-elicitation probes (SPEC §12) on every model
+"""The `probes` stage (`kbench probes`): the direct-elicitation probes
+(docs/definitions.md, "Direct-elicitation probes") on every model
 the design deploys, read alone: no agent, no system-prompt bios, no tools (docs/probes.md).
 
 Models: the agent base (what C, R-text and R-struct deploy), the LoRA-D control, and on P for

@@ -1,4 +1,5 @@
-"""Memory substrates (SPEC §3); importing this package registers the built-in four."""
+"""Memory substrates (docs/definitions.md, "Substrates and the LoRA-D control"); importing this package
+registers the built-in four."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The substrate interface and its registry (SPEC §3).
+"""The substrate interface and its registry (docs/definitions.md, "Substrates and the LoRA-D control").
 
 A substrate decides where the target's record lives in one cell. The harness asks it three
 things per query: which bios go in the system prompt, which documents `search_wiki` may

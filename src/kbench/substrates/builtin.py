@@ -1,4 +1,4 @@
-"""The four substrates of SPEC §3: P, C, R-text, R-struct."""
+"""The four substrates (docs/definitions.md, "Substrates and the LoRA-D control"): P, C, R-text, R-struct."""
 
 from __future__ import annotations
 
