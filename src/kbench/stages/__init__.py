@@ -5,7 +5,9 @@ Each stage module has `COMMAND` (its `kbench` subcommand), `HELP` (its line in `
 `Options` (a frozen dataclass, one field per command-line option, each made with `option`) and
 `main(params, options) -> int`, a plain function of the loaded design and typed options;
 `kbench.cli` parses the command line into `Options` and calls `main`. The work itself is
-`run_<stage>_stage(params, ...)`, callable from Python without any command line.
+`run_<stage>_stage(params, ...)`, callable from Python without any command line. Every lane's
+unit of work (a cell, a replay suite, a memory system) runs through one skeleton, `kbench.stages.unit`:
+its resume check, its finished parts, its worker's model and its MLflow run.
 """
 
 from __future__ import annotations
