@@ -23,7 +23,7 @@ from kbench.replay import SessionEnvironment, plan_suite
 from kbench.replay.operators import OperatorError, build_operator, operator_names
 from kbench.replay.records import OPERATORS
 from kbench.replay.run import TargetNeverEntered, run_session
-from kbench.replay.runtime import BLOCKED, SUMMARY_REQUEST
+from kbench.replay.runtime import BLOCKED, MEMORY_HEADER, SUMMARY_REQUEST
 from kbench.replay.scoring import score_sessions
 
 from _agent_fixtures import small_corpus, tiny_model_dir  # noqa: F401  (fixtures)
@@ -83,9 +83,14 @@ def _recall(conversation: Conversation, name: str, phrase: str) -> str | None:
     return found
 
 
+def _body(content: str) -> str:
+    """A message without the memory block that opens it (the notes are still in the prompt, for `_recall`)."""
+    return content.split("\n\n", 1)[1] if content.startswith(MEMORY_HEADER) else content
+
+
 def reply(conversation: Conversation) -> str:
-    last = conversation[-1]["content"]
-    questions = [m["content"] for m in conversation if m["content"].startswith("Question: ")]
+    last = _body(conversation[-1]["content"])
+    questions = [_body(m["content"]) for m in conversation if _body(m["content"]).startswith("Question: ")]
     if last == SUMMARY_REQUEST:
         facts = [f"{w}'s {p}: {v}" for m in conversation[1:] for w, p, v in _FACT.findall(m["content"])]
         return "Summary: " + "; ".join(facts)
@@ -134,7 +139,11 @@ def test_the_papers_claims_hold_on_the_scripted_agent(scripted, small_corpus, ki
     assert result.tau == plan.tau == 3
     assert by["B7"].final_state_sha256 == by["B5"].final_state_sha256  # replay equals the full reset
     assert by["B5'"].final_state_sha256 == by["B5"].final_state_sha256  # so does a reset with a prefix cache
-    assert by["B1"].final_state_sha256 == by["B0"].final_state_sha256  # a store delete changes nothing
+    if kind == "tool":  # no note holds z: B1 has nothing to delete, and runs nothing
+        assert by["B1"].final_state_sha256 == by["B0"].final_state_sha256 and by["B1"].recomputed_tokens == 0
+    else:  # the note the model reads at every later turn holds z: B1 deletes it and prefills the prompt again
+        assert by["B1"].final_state_sha256 != by["B0"].final_state_sha256 and by["B1"].recomputed_tokens > 0
+        assert all(plan.target not in w for t in by["B1"].post for w in t.memory_writes)
     assert by["B7"].transitions == plan.T - plan.tau + 1 and by["B5"].transitions == plan.T
     # the prefix cache also reuses what follows τ up to z's first token, so B5' may cost less than B7
     assert 0 < by["B7"].recomputed_tokens < by["B5"].recomputed_tokens
@@ -143,11 +152,16 @@ def test_the_papers_claims_hold_on_the_scripted_agent(scripted, small_corpus, ki
     scores = score_sessions(result.records)[plan.suite].model_dump()
     ops = scores["operators"]
     assert ops["B0"]["exact"] == 1.0 and ops["B5"]["exact"] == 0.0 and ops["B7"]["any"] == 0.0
-    assert ops["B8"]["exact"] == 0.0  # every sink of a tainted prompt is blocked ...
-    assert all(t.answer is None and not t.tool_calls for t in by["B8"].post)  # ... at the cost of every answer
-    assert set(by["B8"].probes.values()) == {BLOCKED}
-    assert by["B9"].final_state_sha256 == by["B7"].final_state_sha256  # nothing left to block after replay
-    assert by["B9"].recomputed_tokens == by["B7"].recomputed_tokens
+    b8 = by["B8"]  # a call whose arguments carry z is blocked and kept out of post; free text flows
+    assert b8.blocked_calls and {c.turn for c in b8.blocked_calls} <= {t.number for t in plan.post}
+    assert all(any(plan.target in leaf for leaf in c.args.values()) for c in b8.blocked_calls)
+    assert not any(plan.target in str(c.args) for t in b8.post for c in t.tool_calls)
+    assert any(t.answer is not None and plan.target in t.answer for t in b8.post) and ops["B8"]["exact"] == 1.0
+    assert BLOCKED not in b8.probes.values()
+    assert all(not r.blocked_calls for r in result.records if r.operator != "B8")
+    # B9 runs its own replay (the same turns and tokens as B7's, measured), then the policy: nothing left to block
+    assert by["B9"].final_state_sha256 == by["B7"].final_state_sha256
+    assert (by["B9"].transitions, by["B9"].recomputed_tokens) == (by["B7"].transitions, by["B7"].recomputed_tokens)
     assert result.checkpoint_bytes == 0 and result.checkpoints >= plan.T
     assert result.closures["oracle"] and not result.closures["inferred_only"]
 
@@ -334,8 +348,8 @@ def test_the_stage_names_an_unknown_suite_or_operator(tiny_model_dir):  # noqa: 
 
 
 def test_sampled_probes_are_seeded_per_session_operator_probe_and_sample(small_corpus, tiny_model_dir):  # noqa: F811
-    """Leak@k's replies: the same names give the same samples, other names other ones; a blocked
-    branch samples nothing that leaves."""
+    """Leak@k's replies: the same names give the same samples, other names other ones; a sink
+    policy that blocks every call leaves them as they are (a probe reply is free text, not a sink)."""
     from kbench.backends import build_backend
     from kbench.config import ModelConfig
     from kbench.replay.operators import Branch
@@ -348,14 +362,15 @@ def test_sampled_probes_are_seeded_per_session_operator_probe_and_sample(small_c
 
     def branches():
         state = runtime.fresh_state(SessionEnvironment(small_corpus))
-        return [("B0", Branch(state)), ("B8", Branch(state.fork(), policy=lambda s: True))]
+        return [("B0", Branch(state)), ("B8", Branch(state.fork(), policy=lambda s, tool, args: True))]
 
     config = AgentConfig(max_new_tokens=8)
     first = sampled_probes(backend, plan, config, branches(), k=3, temperature=0.7)
     again = sampled_probes(backend, plan, config, branches(), k=3, temperature=0.7)
     assert first == again and set(first["B0"]) == set(plan.probes) and len(first["B0"]["direct"]) == 3
     assert len(set(first["B0"]["direct"])) > 1  # three draws, not one greedy reply three times
-    assert all(reply == BLOCKED for replies in first["B8"].values() for reply in replies)
+    assert not any(reply == BLOCKED for replies in first["B8"].values() for reply in replies)
+    assert all(len(replies) == 3 for replies in first["B8"].values())
 
 
 def test_channel_rates_say_where_z_resurfaces():
@@ -464,7 +479,7 @@ def test_checkpoint_metadata_is_measured_relative_to_the_session():
 
     def snapshots(session: str) -> list[Snapshot]:
         point = Checkpoint(2, "turn", 120, None, "env-1", (f"{session}/turn1/user", f"{session}/turn1/step0"))
-        return [Snapshot(point, (), (), None, (), 1)]
+        return [Snapshot(point, (), None, (), 1)]
 
     plain = metadata_bytes(snapshots("s-000"), "s-000")
     assert plain == metadata_bytes(snapshots("s-000@checkpoints=session_start"), "s-000@checkpoints=session_start")

@@ -168,7 +168,7 @@ class AgentDojoEnvironment:
         for tool in self.suite.tools:
             params = list(tool.parameters.model_json_schema().get("properties", {}))
             lines.append(f"- {tool.name}[{', '.join(params)}]: {tool.description.splitlines()[0]}")
-        lines.append("- remember[note]: save a note; your notes are shown to you in later turns.")
+        lines.append("- remember[note]: save a note; your notes are shown to you at the start of every later turn.")
         return lines
 
     def _params(self, tool: str) -> list[str] | None:

@@ -93,7 +93,7 @@ class SessionEnvironment:
         """How the system prompt lists the tools: K-Bench's, worded as its agent prompt words them."""
         return [
             *(f"- {t.signature}: {t.description}" for t in registered_tools()),
-            "- remember[note]: save a note; your notes are shown to you in later turns.",
+            "- remember[note]: save a note; your notes are shown to you at the start of every later turn.",
             f"- send_message[recipient, text]: send a message to a colleague ({', '.join(RECIPIENTS)}).",
         ]
 

@@ -41,6 +41,11 @@ def operator_order(operator: str) -> tuple[int, str]:
     return (OPERATORS.index(operator), "") if operator in OPERATORS else (len(OPERATORS), operator)
 
 
+#: What a session computes, as a version: raised when the runtime or an operator changes what a
+#: session runs, so the replay stage never resumes sessions that older code ran (its inputs.json has it).
+SESSION_VERSION = 2
+
+
 class SessionFormatError(ValueError):
     """A sessions file line that is not a valid session record; names the file and line."""
 
@@ -51,6 +56,19 @@ class ToolCall(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     #: The tool's name.
+    tool: str
+    #: Its arguments as the agent gave them.
+    args: dict[str, Any] = {}
+
+
+class BlockedCall(BaseModel):
+    """One call a sink policy blocked (B8, B9): it never ran, and no record lists it elsewhere."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The post-revocation turn it was made in.
+    turn: int
+    #: The tool's name (`remember` for a memory write).
     tool: str
     #: Its arguments as the agent gave them.
     args: dict[str, Any] = {}
@@ -92,14 +110,17 @@ class SessionRecord(BaseModel):
     tau: int = Field(ge=1)
     #: The turns before the revocation.
     T: int = Field(ge=1)
-    #: Agent turns the operator ran (B0 none, B5 T, B7 T − τ + 1).
+    #: Agent turns the runtime ran within the operator's work (B0 none, B5 T, B7 T − τ + 1 when it works).
     transitions: int = Field(ge=0)
-    #: Tokens the operator fed through the model, prefill and decode.
+    #: Tokens the runtime fed through the model within the operator's work, prefill and decode.
     recomputed_tokens: int = Field(ge=0)
     #: Wall-clock seconds of the operator's own work (not part of the final-state hash).
     seconds: float = Field(ge=0)
     #: The post-revocation turns.
     post: list[PostTurn]
+    #: The tool calls and memory writes of the post-revocation turns that the operator's sink
+    #: policy blocked (B8, B9), in order; kept out of `post`. Empty for an operator without one.
+    blocked_calls: list[BlockedCall] = []
     #: Each probe's reply.
     probes: dict[Probe, str]
     #: Each probe's k replies sampled at `replay.temperature` (Leak@k); empty when not sampled.

@@ -5,6 +5,8 @@ post-revocation turns and probes on each, and one record per operator.
 The turns before the revocation run one at a time (a batch of one), so the full reset and the
 selective replay do exactly the arithmetic the first run did; the post-revocation turns and the
 probes run every operator's branch in one batch a step at a time (Leak@k's samples one branch at a time).
+An operator's cost is measured here, around its `apply`: the agent turns the runtime ran and the
+tokens it fed through the model, never a number the operator states.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from kbench.replay.provenance import ProvenanceError, compare_closures
 from kbench.replay.records import PROBES, SessionRecord
 from kbench.records import FORGET, TraceRecord
 from kbench.replay.runtime import (
-    BLOCKED,
     ReplayRuntimeError,
     SessionRuntime,
     SessionState,
@@ -99,9 +100,8 @@ def sampled_probes(backend: Backend, plan: SessionPlan, config: AgentConfig, cho
 
         outputs = kv.generate(states, [prompt] * k, max_new_tokens=config.max_new_tokens,
                               stop=[OBSERVATION_PREFIX], choose=choose)
-        blocked = branch.policy is not None and branch.policy(branch.state)
-        samples[name][probe] = [BLOCKED if blocked else truncate_at_stop(
-            kv.decode(tokens), [OBSERVATION_PREFIX]).strip() for tokens in outputs]
+        # a probe reply is free text: no sink policy (B8, B9) applies to it
+        samples[name][probe] = [truncate_at_stop(kv.decode(tokens), [OBSERVATION_PREFIX]).strip() for tokens in outputs]
         if name == chosen[-1][0]:  # a probe sampled on every branch: a progress line
             log.info("%s Leak@%d: probe %s sampled on %d operators, %.1f s", plan.session_id, k, probe, len(chosen),
                      time.perf_counter() - started)
@@ -130,14 +130,22 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
 
     closure = frozenset(contaminated.graph.taint_closure(plan.source_id))
     branches: dict[str, Branch] = {}
+    #: Per `apply` in progress, the (turns, tokens, seconds) of other branches it computed: not its own.
+    nested: list[list[float]] = []
 
     def branch_of(name: str) -> Branch:
         if name not in branches:
             operator = build_operator(name)
-            tokens0, started = kv.tokens_fed(), time.perf_counter()
+            turns0, tokens0, started = runtime.turns_executed, kv.tokens_fed(), time.perf_counter()
+            nested.append([0, 0, 0.0])
             made = operator.apply(context)
-            made.recomputed_tokens += kv.tokens_fed() - tokens0
-            made.seconds += time.perf_counter() - started
+            inner = nested.pop()
+            made.transitions = runtime.turns_executed - turns0 - int(inner[0])
+            made.recomputed_tokens = kv.tokens_fed() - tokens0 - int(inner[1])
+            made.seconds = time.perf_counter() - started - inner[2]
+            if nested:  # computed inside another operator's apply: its cost (and its inner ones') is not the caller's
+                own = (made.transitions, made.recomputed_tokens, made.seconds)
+                nested[-1][:] = [o + m + i for o, m, i in zip(nested[-1], own, inner)]
             made.state.env.withheld = runtime.withheld  # after the revocation the world holds no z
             branches[name] = made
             log.info("%s %s: %d transitions, %d tokens recomputed, %.1f s", plan.session_id, name,
@@ -166,9 +174,8 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
         states = [None if b.state.kv is None else b.state.fork().kv for _, b in chosen]
         generations = backend.generate(conversations, stop=[OBSERVATION_PREFIX], max_new_tokens=config.max_new_tokens,
                                        sessions=states, share_prefixes=False)
-        for (name, b), generation in zip(chosen, generations):
-            blocked = b.policy is not None and b.policy(b.state)
-            probes[name][probe] = BLOCKED if blocked else generation.text.strip()
+        for (name, _), generation in zip(chosen, generations):  # free text: no sink policy applies
+            probes[name][probe] = generation.text.strip()
 
     samples = (sampled_probes(backend, plan, config, chosen, k=leak_at_k, temperature=temperature) if leak_at_k
                else {name: {} for name, _ in chosen})
@@ -183,6 +190,7 @@ def run_session(backend: Backend, env: Any, plan: SessionPlan, config: AgentConf
             target_field=plan.target_field, tau=tau, T=plan.T, transitions=b.transitions,
             recomputed_tokens=b.recomputed_tokens, seconds=round(b.seconds, 3),
             post=[o.post() for o in outcomes[name]], probes=probes[name], probe_samples=samples[name],
+            blocked_calls=[call for o in outcomes[name] for call in o.blocked],
             final_state_sha256=final_state_sha256(tokens, outputs),
         ))
     return SessionResult(

@@ -1,11 +1,11 @@
 """The lane's runtime (docs/replay.md, "Sessions and operators"): a session's state, run turn by turn on the
 project's KV engine.
 
-A session is one chat: the system prompt (the tools, the memory notes as the last rebuild
-rendered them, the compressed summary), then per turn the user's message, the agent's ReAct
-steps and the tool observations. The prompt only grows between rebuilds, so the engine keeps
-one KV state for it and each step prefills only what is new. Every k turns the model writes a
-summary that replaces the older turns, and the notes are rendered again (a rebuild).
+A session is one chat: the system prompt (the tools, the compressed summary), then per turn
+the memory block (the notes the store holds as the turn starts), the user's message, the
+agent's ReAct steps and the tool observations. The prompt only grows between rebuilds, so the
+engine keeps one KV state for it and each step prefills only what is new. Every k turns the
+model writes a summary that replaces the older turns (a rebuild).
 
 Every piece of the prompt is an artifact of the session's provenance graph, whose parents are
 the artifacts the step that made it read (the prompt inventory at that moment): z's source
@@ -36,7 +36,7 @@ from kbench.names import EVERY_TURN, CheckpointGranularity
 from kbench.replay.environment import MEMORY_TOOL, WITHHELD, SessionEnvironment
 from kbench.replay.provenance import Artifact, ArtifactType, Checkpoint, CheckpointReason, ProvenanceGraph
 from kbench.records import Action, Step
-from kbench.replay.records import PostTurn, ToolCall
+from kbench.replay.records import BlockedCall, PostTurn, ToolCall
 from kbench.replay.sessions import PlannedTurn, SessionPlan
 
 SUMMARY_REQUEST = ("Summarize this session so far in a few sentences: the tasks, what you looked up and "
@@ -46,7 +46,9 @@ _BOUNDARIES = ("session_start", "turn", "memory_injection")
 #: What an information-flow policy (B8, B9) puts in place of a blocked sink.
 BLOCKED = "Blocked: this would use data the user asked to forget."
 
-Role = Literal["user", "assistant", "note", "summary"]
+Role = Literal["user", "assistant", "note", "summary", "memory"]
+#: How a turn's memory block opens (docs/replay.md, "How a session runs").
+MEMORY_HEADER = "Your notes:"
 
 
 class ReplayRuntimeError(ValueError):
@@ -59,17 +61,33 @@ class Item:
 
     #: Its artifact id.
     id: str
-    #: Where it goes: a chat message (user, assistant) or the system prompt (note, summary).
+    #: Where it goes: a chat message (user, assistant), the system prompt (summary), a turn's memory
+    #: block (memory: shown at the head of the next user message) or the store only (note).
     role: Role
     text: str
+    #: The note ids a memory block renders, in store order (empty for any other item).
+    notes: tuple[str, ...] = ()
 
 
-def system_prompt(tools: Sequence[str], notes: Sequence[Item], summary: Item | None, max_iters: int) -> str:
-    """The session's system prompt: tools and protocol, the rendered notes, the summary."""
+def memory_block(turn_prefix: str, notes: Sequence[Item]) -> Item | None:
+    """The memory block a turn starts with: every note of the store, one a line (None: no notes).
+
+    Where it goes costs the cache least at the head of the turn's user message, kept in the
+    transcript afterwards: earlier turns' tokens never change, so a turn prefills only its block
+    and what follows. In the system prompt instead, each note written would change the prompt's
+    first message and every token after it would be recomputed at the next turn; a block shown
+    for the current turn only would make each turn recompute the whole previous turn (its block
+    gone from before it). The per-turn block recomputes nothing that was computed before."""
+    if not notes:
+        return None
+    return Item(f"{turn_prefix}/memory", "memory", MEMORY_HEADER + "\n" + "\n".join(f"- {n.text}" for n in notes),
+                notes=tuple(n.id for n in notes))
+
+
+def system_prompt(tools: Sequence[str], summary: Item | None, max_iters: int) -> str:
+    """The session's system prompt: tools and protocol, the summary (the notes are each turn's memory block)."""
     parts = ["You are an assistant that answers questions about people. You can use these tools:",
              "\n".join(tools), react_format(max_iters)]
-    if notes:
-        parts.append("Your notes:\n" + "\n".join(f"- {n.text}" for n in notes))
     if summary is not None:
         parts.append("Summary of the earlier turns:\n" + summary.text)
     return "\n\n".join(parts)
@@ -80,9 +98,7 @@ class SessionState:
     """A session's runtime state: what the prompt holds, the memory store, the KV state, the
     world it acts on and its provenance."""
 
-    #: The notes the system prompt shows (rendered at the last rebuild).
-    rendered: list[Item]
-    #: The memory store: every note written and not deleted.
+    #: The memory store: every note written and not deleted (each turn's memory block shows them).
     stored: list[Item]
     #: The compressed summary, or None.
     summary: Item | None
@@ -101,20 +117,27 @@ class SessionState:
 
     def inventory(self) -> tuple[str, ...]:
         """The artifact ids the prompt holds, in prompt order."""
-        head = [n.id for n in self.rendered] + ([self.summary.id] if self.summary else [])
+        head = [self.summary.id] if self.summary else []
         return (*head, *(i.id for i in self.transcript))
 
     def conversation(self, max_iters: int, extra: Sequence[Message] = ()) -> Conversation:
-        messages = [Message(role="system", content=system_prompt(self.env.tool_lines(), self.rendered, self.summary,
-                                                                max_iters))]
-        messages += [Message(role=i.role, content=i.text) for i in self.transcript]  # type: ignore[typeddict-item]
+        messages = [Message(role="system", content=system_prompt(self.env.tool_lines(), self.summary, max_iters))]
+        block = ""  # a memory block opens the user message after it (roles keep alternating)
+        for i in self.transcript:
+            if i.role == "memory":
+                block += i.text + "\n\n"
+            else:
+                messages.append(Message(role=i.role, content=block + i.text))  # type: ignore[typeddict-item]
+                block = ""
+        if block:
+            messages.append(Message(role="user", content=block.strip()))
         return [*messages, *extra]
 
     def fork(self, env: SessionEnvironment | None = None) -> SessionState:
         """A branch: its own lists, graph and environment; the cache tensors shared (never rewritten)."""
         kv = None if self.kv is None else self.kv.fork()
         graph = ProvenanceGraph(dict(self.graph.artifacts), list(self.graph.checkpoints))
-        return SessionState(list(self.rendered), list(self.stored), self.summary, list(self.transcript), kv,
+        return SessionState(list(self.stored), self.summary, list(self.transcript), kv,
                             env or self.env.fork(withheld=self.env.withheld), graph, self.turns_run)
 
 
@@ -123,15 +146,15 @@ class Snapshot:
     """What selective replay restores at a checkpoint: the prompt's items and the cache handle."""
 
     checkpoint: Checkpoint
-    rendered: tuple[Item, ...]
     stored: tuple[Item, ...]
     summary: Item | None
     transcript: tuple[Item, ...]
     turns_run: int
 
 
-#: A sink policy (B8, B9): given the state and the sink's kind, whether it is blocked.
-SinkPolicy = Callable[[SessionState], bool]
+#: A sink policy (B8, B9), evaluated per consequential sink: given the state the call is computed
+#: from, the tool and its arguments (a memory write's note among them), whether the call is blocked.
+SinkPolicy = Callable[[SessionState, str, dict[str, Any]], bool]
 
 
 @dataclass
@@ -144,6 +167,8 @@ class TurnOutcome:
     answer: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     memory_writes: list[str] = field(default_factory=list)
+    #: The calls (memory writes among them) a sink policy blocked, in order.
+    blocked: list[BlockedCall] = field(default_factory=list)
     #: The ReAct steps as a K-Bench trace record holds them (thought, action, observation).
     steps: list[Step] = field(default_factory=list)
     #: Why the turn ended (the halted reasons of docs/definitions.md, "The trace record").
@@ -165,6 +190,9 @@ class TurnRun:
         self.done = False
         self.steps = 0
         self.prefix = f"{session.plan.session_id}/turn{turn.number}"
+        block = memory_block(self.prefix, state.stored)
+        if block is not None:  # the notes, read by the model at the head of the turn
+            self._add(block, "memory", parents=block.notes)
         self._add(Item(f"{self.prefix}/user", "user", f"Question: {user}"), "user",
                   sources={source} if source else set(), parents=())
         if turn.acquisition is not None:  # the scripted step runs as if the model had written it
@@ -188,20 +216,22 @@ class TurnRun:
         parsed = parse_step(text, config.answer_rule)
         step_id = f"{self.prefix}/step{self.steps}"
         self.steps += 1
-        blocked = self.policy is not None and self.policy(self.state)
-        if parsed.action is None:
+        if parsed.action is None:  # an answer is free text: no sink policy applies to it
             self._add(Item(step_id, "assistant", text), "answer")
-            self.outcome.answer = None if blocked else parsed.answer
+            self.outcome.answer = parsed.answer
             self.outcome.steps.append(Step(thought=parsed.thought))
             self.outcome.halted_reason = "final_answer" if parsed.answer is not None else "parse_error"
             self.done = True
             return
         self._add(Item(step_id, "assistant", text), "action")
         tool = parsed.action.tool.strip().lower()
-        args = None if blocked else env.parse(tool, parsed.action.args)
+        args = env.parse(tool, parsed.action.args)
+        # the policy runs on each call the tool would run, computed from the prompt as it is now
+        blocked = args is not None and self.policy is not None and self.policy(self.state, tool, args)
         sources: set[str] = set()
         if blocked:
             observation = BLOCKED
+            self.outcome.blocked.append(BlockedCall(turn=self.turn.number, tool=tool, args=args))
         elif args is None:
             observation = f"Error: unknown tool '{tool}'."
         else:
@@ -240,10 +270,13 @@ class SessionRuntime:
         self.every_turn = checkpoints == EVERY_TURN
         self.snapshots: list[Snapshot] = []
         self.withheld = (plan.target_entity, plan.target_field)
+        #: Agent turns this runtime has run on any state: the driver counts an operator's
+        #: transitions as the turns run within its `apply` (docs/replay.md, "What the lane must show").
+        self.turns_executed = 0
 
     # -- state ----------------------------------------------------------------------------
     def fresh_state(self, env: SessionEnvironment) -> SessionState:
-        return SessionState([], [], None, [], None if self.kv is None else self.kv.open(), env, ProvenanceGraph())
+        return SessionState([], None, [], None if self.kv is None else self.kv.open(), env, ProvenanceGraph())
 
     def checkpoint(self, state: SessionState, turn: int, reason: CheckpointReason) -> None:
         """Record a restorable point of the main run (offsets and handles only)."""
@@ -253,7 +286,7 @@ class SessionRuntime:
         point = Checkpoint(turn, reason, 0 if state.kv is None else state.kv.length, handle,
                            state.env.snapshot(), state.inventory())
         state.graph.checkpoint(point)
-        self.snapshots.append(Snapshot(point, tuple(state.rendered), tuple(state.stored), state.summary,
+        self.snapshots.append(Snapshot(point, tuple(state.stored), state.summary,
                                        tuple(state.transcript), state.turns_run))
 
     def restore(self, snapshot: Snapshot, env: SessionEnvironment, graph: ProvenanceGraph) -> SessionState:
@@ -262,7 +295,7 @@ class SessionRuntime:
         if snapshot.checkpoint.cache is not None:
             kv = self.kv.open()
             kv.restore(snapshot.checkpoint.cache)
-        return SessionState(list(snapshot.rendered), list(snapshot.stored), snapshot.summary,
+        return SessionState(list(snapshot.stored), snapshot.summary,
                             list(snapshot.transcript), kv, env, graph, snapshot.turns_run)
 
     # -- turns ----------------------------------------------------------------------------
@@ -310,7 +343,7 @@ class SessionRuntime:
             active = [r for r in active if not r.done]
 
     def compress(self, state: SessionState, turn: int) -> None:
-        """The model's summary replaces the turns so far; the notes are rendered again."""
+        """The model's summary replaces the turns so far (the next turn's memory block shows the notes)."""
         self.checkpoint(state, turn, "compression")
         conversation = state.conversation(self.config.max_iters, [Message(role="user", content=SUMMARY_REQUEST)])
         self._start_from_cache(state, conversation)
@@ -321,7 +354,7 @@ class SessionRuntime:
         )
         item = Item(f"{self.plan.session_id}/turn{turn}/summary", "summary", generation.text.strip())
         state.graph.add(Artifact(item.id, "summary", turn, state.inventory(), text=item.text))
-        state.summary, state.rendered, state.transcript = item, list(state.stored), []
+        state.summary, state.transcript = item, []
 
     def run_session_turns(self, state: SessionState, first: int, *, sanitized: bool, shadow: bool,
                           call_prefix: str, record: bool = False) -> list[TurnOutcome]:
@@ -342,6 +375,7 @@ class SessionRuntime:
                           source=self.source_of(turn, sanitized=sanitized))
             self.run_turns([run])
             state.turns_run += 1
+            self.turns_executed += 1
             outcomes.append(run.outcome)
             k = self.compression_period
             if k and turn.number % k == 0 and turn.number < self.plan.T:

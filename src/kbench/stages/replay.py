@@ -23,7 +23,7 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.records import TraceRecord, iter_traces
 from kbench.replay.channels import channel_rates
 from kbench.replay.operators import OperatorError, operator_names
-from kbench.replay.records import FULL_RESET, SessionRecord, read_sessions, write_sessions
+from kbench.replay.records import FULL_RESET, SESSION_VERSION, SessionRecord, read_sessions, write_sessions
 from kbench.replay.run import SessionResult, TargetNeverEntered, run_session
 from kbench.replay.report import render_no_suites, render_results, sweep_summary
 from kbench.replay.sessions import SessionPlan
@@ -63,9 +63,10 @@ def check_design(params: Params, suites: list[str]) -> None:
 
 
 def _inputs(params: Params, corpus_dir: Path) -> dict:
-    """What a finished session depends on: the shaping params, the agent base and the corpus."""
+    """What a finished session depends on: the shaping params, the agent base, the corpus and what
+    a session computes (`SESSION_VERSION`)."""
     return {"params": shaping(params, "replay"), "model": io.folder_hash(agent_model_config(params).path),
-            "corpus": io.folder_hash(corpus_dir)}
+            "corpus": io.folder_hash(corpus_dir), "session_version": SESSION_VERSION}
 
 
 def variants(params: Params, suite: str) -> list[tuple[str, Params]]:

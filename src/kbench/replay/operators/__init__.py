@@ -1,9 +1,10 @@
 """The forgetting operators (docs/replay.md, "Sessions and operators": B0–B9, B5′), one registered file each.
 
 An operator takes the contaminated state after turn T (through an `OperatorContext`) and
-returns a `Branch`: the state the post-revocation turns run on, the agent turns it ran and, for
-B8 and B9, the sink policy those turns obey. The driver measures each operator's own cost
-(tokens fed through the model, seconds) around `apply`.
+returns a `Branch`: the state the post-revocation turns run on and, for B8 and B9, the sink
+policy those turns obey. The driver measures each operator's own cost around `apply`: the agent
+turns the runtime ran, the tokens it fed through the model (prefill and decode) and the seconds;
+an operator never states its cost.
 
 A new operator is one module with a class decorated by `register_operator`, and no other file
 changes (docs/replay.md, "Adding an operator"): a module in this package, found by scanning it,
@@ -34,11 +35,11 @@ class Branch:
     """One operator's result: the state the post-revocation turns run on."""
 
     state: SessionState
-    #: Agent turns the operator ran (B0 none, B5 T, B7 T − τ + 1).
-    transitions: int = 0
     #: The sink policy of the post-revocation turns (B8, B9), or None.
     policy: SinkPolicy | None = None
-    #: Tokens it fed through the model and its seconds (the driver fills them in).
+    #: Agent turns the runtime ran within `apply` (B0 none, B5 T, B7 T − τ + 1), tokens it fed
+    #: through the model there and the seconds: the driver measures them, whatever `apply` set.
+    transitions: int = 0
     recomputed_tokens: int = 0
     seconds: float = 0.0
 
@@ -71,7 +72,7 @@ class OperatorContext:
                 and not any(self.source in artifacts[p].source_ids for p in a.parents)}
 
     def branch(self, operator: str) -> Branch:
-        """Another operator's branch (computed once per session; B9 starts from B7's)."""
+        """Another operator's branch (computed once per session; its cost is its own, not the caller's)."""
         return self._branch_of(operator)
 
     def rebuild(self, state: SessionState) -> None:

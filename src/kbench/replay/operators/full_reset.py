@@ -10,4 +10,4 @@ class FullReset(Operator):
         runtime = context.runtime
         state = runtime.fresh_state(context.sanitized_env(fresh=True))
         runtime.run_session_turns(state, 1, sanitized=True, shadow=True, call_prefix=context.plan.session_id)
-        return Branch(state, transitions=context.plan.T)
+        return Branch(state)

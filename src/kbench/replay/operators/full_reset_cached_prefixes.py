@@ -15,4 +15,4 @@ class FullResetPrefixCache(Operator):
             state.prefix_pool.append(context.contaminated.kv.checkpoint())
         runtime.run_session_turns(state, 1, sanitized=True, shadow=True, call_prefix=context.plan.session_id)
         state.prefix_pool = []
-        return Branch(state, transitions=context.plan.T)
+        return Branch(state)

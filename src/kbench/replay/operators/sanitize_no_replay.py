@@ -10,7 +10,6 @@ class SanitizeNoReplay(Operator):
         state = context.contaminated.fork()
         tainted = context.closure
         state.transcript = [i for i in state.transcript if i.id not in tainted]
-        state.rendered = [i for i in state.rendered if i.id not in tainted]
         state.stored = [i for i in state.stored if i.id not in tainted]
         state.env.notes = [n.text for n in state.stored]
         if state.summary is not None and state.summary.id in tainted:

@@ -18,4 +18,4 @@ class SelectiveReplay(Operator):
                                 [c for c in before.checkpoints if c.turn < start])
         state = runtime.restore(snapshot, context.sanitized_env(snapshot=snapshot.checkpoint.environment), graph)
         runtime.run_session_turns(state, start, sanitized=True, shadow=True, call_prefix=context.plan.session_id)
-        return Branch(state, transitions=context.plan.T - start + 1)
+        return Branch(state)

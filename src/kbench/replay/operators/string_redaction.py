@@ -24,7 +24,6 @@ class StringRedaction(Operator):
 
         state = context.contaminated.fork()
         state.transcript = [redact(i) for i in state.transcript]
-        state.rendered = [redact(i) for i in state.rendered]
         state.stored = [redact(i) for i in state.stored]
         state.env.notes = [pattern.sub(REDACTED, n) for n in state.env.notes]
         state.summary = None if state.summary is None else redact(state.summary)
