@@ -127,6 +127,10 @@ def test_the_suite_scores():
     assert scores["savings"] == pytest.approx(4.0) and scores["bound"] == pytest.approx(T / (T - TAU + 1))
     assert scores["b7_equals_b5"] == {"equal": 4, "sessions": 4}
     assert scores["b7_transitions_at_bound"] == {"at_bound": 4, "sessions": 4}
+    assert scores["transition_savings"] == pytest.approx(T / (T - TAU + 1))  # B5 ran T turns, B7 T - τ + 1
+    assert scores["savings_vs_b5_prime"] is None and scores["transition_savings_vs_b5_prime"] is None  # no B5′
+    # 4 sessions: 2 · ½⁴; BH over the 3 tested operators (B0, B1, B7), one alone at it: 3 · 0.125
+    assert (scores["min_p"], scores["min_p_adj"], scores["sessions_needed"]) == (0.125, 0.375, 7)
     tests = scores["tests"]
     # four discordant sessions, all against the operator: p = 2 · ½⁴; BH over B0, B1, B7 (p 1)
     assert tests["B0"]["mcnemar_any"] == {"p": pytest.approx(0.125), "p_adj": pytest.approx(0.1875)}
@@ -155,8 +159,10 @@ def test_replay_score_on_files(tmp_path, capsys):
     assert main(["replay", "score", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     suite = out["kbench-sessions"]
-    assert set(suite) == {"valid", "operators", "kept_probes", "savings", "bound", "b7_equals_b5",
-                          "b7_transitions_at_bound", "b1_equals_b0", "sessions", "tests"}
+    assert set(suite) == {"valid", "operators", "kept_probes", "savings", "savings_vs_b5_prime",
+                          "transition_savings", "transition_savings_vs_b5_prime", "bound", "b7_equals_b5",
+                          "b7_transitions_at_bound", "b1_equals_b0", "sessions", "tests", "min_p", "min_p_adj",
+                          "sessions_needed"}
     assert set(suite["operators"]["B0"]) == {"sessions", "exact", "action", "any", "cad", "leak_at_probes",
                                              "leak_at_k", "transitions", "recomputed_tokens"}
     assert suite["operators"]["B0"]["leak_at_k"] is None  # no sampled replies in these records

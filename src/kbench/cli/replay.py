@@ -36,6 +36,8 @@ def suite_table(suite: str, scores: SuiteMetrics) -> str:
         lines.append(f"  B7 against B5: savings {scores.savings:.2f}x (bound {scores.bound:.2f}x), final state "
                      f"equal on {exact.equal}/{exact.sessions}, transitions at T - tau + 1 on "
                      f"{bound.at_bound}/{bound.sessions}")
+    if scores.savings_vs_b5_prime is not None:
+        lines.append(f"  B7 against B5': savings {scores.savings_vs_b5_prime:.2f}x (below 1.00x B7 costs more)")
     lines.append(f"  kept probes: {', '.join(scores.kept_probes) or '(no probe kept)'}")
     return "\n".join(lines)
 

@@ -1,8 +1,10 @@
 """The execution-state lane's results page (`replay.results`, docs/results-replay.md by default),
 written by the `replay` stage from the suites' scores: the paper's Table 1 shape (operators ×
 the suites of `replay.suites`: any leak, CAD, recomputed tokens), its Table 2 shape
-(Leak@probes), the sweeps (theirs and, one row per variant and operator, Tables 1 and 2 of
-each variant) and the exactness counts. Pure: scores in, Markdown out."""
+(Leak@probes), the smallest p each suite's sessions allow (and, in bold at the top, the suites
+where no test can be significant), the sweeps (theirs and, one row per variant and operator,
+Tables 1 and 2 of each variant) and the exactness counts with B7's savings against B5 and B5′.
+Pure: scores in, Markdown out."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from kbench.comparison.report import markdown_table
 from kbench.comparison.tables import Table
 from kbench.observer.format import fmt_rate
 from kbench.replay.records import FULL_RESET, SELECTIVE_REPLAY, operator_order
+from kbench.replay.scoring import SIGNIFICANCE
 
 
 def _p(value: float | None) -> str:
@@ -112,7 +115,8 @@ _COST_NOTE = ("any = exact or action leak; CAD = call-argument distance to B5; t
 _PROBES = ("Leak@probes", "Leak@k", "p (any)", "p (probes)")
 _PROBES_NOTE = ("Leak@probes: some kept probe's reply holds z (a probe on which B5 leaks is dropped for the suite); "
                 "Leak@k: some of k replies sampled per kept probe does (- when `replay.leak_at_k` is 0). "
-                "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators.")
+                "p: exact McNemar against B5, Benjamini-Hochberg over the suite's operators (the least each suite's "
+                "sessions allow is in the table \"Reach of the tests\").")
 
 
 def _cost(entry: Mapping[str, Any], operator: str) -> list[str]:
@@ -208,26 +212,69 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+#: The savings columns of B7: (heading, score field), tokens then transitions, against B5 then B5′.
+_SAVINGS = (("tokens vs B5", "savings"), ("tokens vs B5′", "savings_vs_b5_prime"),
+            ("turns vs B5", "transition_savings"), ("turns vs B5′", "transition_savings_vs_b5_prime"))
+
+
 def _exactness(scores: Mapping[str, Mapping[str, Any]]) -> Table:
     rows = []
     for suite, s in scores.items():
         rows.append((
             suite, str(s["sessions"]), "yes" if s["valid"] else "no", _count(s["b7_equals_b5"], "equal"),
             _count(s["b7_transitions_at_bound"], "at_bound"), _count(s.get("b1_equals_b0"), "equal"),
-            "-" if s["savings"] is None else f"{s['savings']:.2f}x", "-" if s["bound"] is None else f"{s['bound']:.2f}x",
+            *(_times(s.get(field)) for _, field in _SAVINGS), _times(s["bound"]),
             ", ".join(s["kept_probes"]) or "-", ", ".join(s.get("not_entered") or []) or "-"))
     return Table("Exactness and savings",
-                 ("Suite", "sessions", "valid", "B7 = B5", "B7 at T - tau + 1", "B1 = B0", "savings", "bound",
-                  "kept probes", "z never entered"), tuple(rows),
-                 "B7 = B5: the final state equal byte for byte; savings: B5's recomputed tokens over B7's; bound: "
+                 ("Suite", "sessions", "valid", "B7 = B5", "B7 at T - tau + 1", "B1 = B0",
+                  *(heading for heading, _ in _SAVINGS), "bound", "kept probes", "z never entered"), tuple(rows),
+                 "B7 = B5: the final state equal byte for byte. Savings of B7 (selective replay): the reset's "
+                 "recomputed tokens (tokens) or agent turns (turns) over B7's, each summed over the sessions both "
+                 "ran; below 1.00x B7 costs more than that reset; - where it did not run. B5′ is the full reset "
+                 "reusing the cached prompt prefixes that are byte for byte the same. Bound: "
                  "T over T - tau + 1.")
+
+
+def reach_lines(scores: Mapping[str, Mapping[str, Any]], significance: float = SIGNIFICANCE) -> list[str]:
+    """One sentence per sample size at which a suite's tests cannot reach p_adj < `significance`
+    (suites of the same sessions and sessions needed share it); none where they can."""
+    grouped: dict[tuple[bool, int, int], list[str]] = {}
+    for suite, s in scores.items():
+        if s.get("min_p_adj") is None or s["min_p_adj"] < significance:
+            continue
+        grouped.setdefault((s["min_p"] >= significance, s["sessions"], s["sessions_needed"]), []).append(suite)
+    lines = []
+    for (nothing, sessions, needed), suites in grouped.items():
+        who = "no operator can" if nothing else "an operator that alone differs from B5 cannot"
+        lines.append(f"{', '.join(suites)}: {who} reach p_adj < {significance:g} with {sessions} sessions; at least "
+                     f"{needed} sessions are needed.")
+    return lines
+
+
+def _reach(scores: Mapping[str, Mapping[str, Any]]) -> Table:
+    """What the McNemar tests against B5 can reach with each suite's sessions."""
+    rows = tuple((suite, str(s["sessions"]), str(sum(o != FULL_RESET for o in s["operators"])), _p(s.get("min_p")),
+                  _p(s.get("min_p_adj")), _num(s.get("sessions_needed"), "d"))
+                 for suite, s in scores.items())
+    note = ("Smallest p: the exact McNemar p against B5 when every session is discordant, all one way. Smallest "
+            "p_adj: that p after Benjamini-Hochberg over the suite's tested operators when the operator alone differs "
+            "from B5, the others at p = 1. Sessions needed: the fewest sessions whose smallest p_adj is below "
+            f"{SIGNIFICANCE:g} with as many tested operators.")
+    lines = reach_lines(scores)
+    return Table("Reach of the tests", ("Suite", "sessions", "tested operators", "smallest p", "smallest p_adj",
+                                        "sessions needed"), rows,
+                 " ".join([note, *lines]))
 
 
 def tables(scores: Mapping[str, Mapping[str, Any]], sweeps: Mapping[str, Mapping[str, Any]] | None = None) -> list[Table]:
     """The lane's tables for `scores` ({suite: `score_suite` output plus `not_entered`}) and the
     sweeps that ran ({suite: `sweep_summary`}): the results page's and the report's."""
-    return [_table1(scores), _table2(scores), *_channel_tables(scores), *_sweep_tables(sweeps or {}),
-            *_variants_table(scores), _exactness(scores)]
+    return [_table1(scores), _table2(scores), _reach(scores), *_channel_tables(scores),
+            *_sweep_tables(sweeps or {}), *_variants_table(scores), _exactness(scores)]
 
 
 def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, params_digest: str,
@@ -237,4 +284,6 @@ def render_results(scores: Mapping[str, Mapping[str, Any]], *, model: str, param
             f"Written by the `replay` stage (docs/replay.md) for model `{model}`, replay params digest "
             f'`{params_digest}`. Every operator is read against the full reset B5 (docs/replay.md, "Metrics"). '
             "Do not edit: rerun `dvc repro replay`.\n")
-    return "\n".join([head, *(markdown_table(t) for t in tables(scores, sweeps))])
+    # the suites where no test can be significant, stated before any p is read
+    reach = [f"**{line}**\n" for line in reach_lines({s: v for s, v in scores.items() if not _is_variant(s)})]
+    return "\n".join([head, *reach, *(markdown_table(t) for t in tables(scores, sweeps))])

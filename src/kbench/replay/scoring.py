@@ -2,10 +2,12 @@
 
 Per suite and operator, means over sessions: exact leak, action leak, any leak, CAD against
 B5, Leak@probes on the probes B5 never leaks, transitions and recomputed tokens; per suite the
-savings of B7 against B5 and their bound, the exactness of B7 (its final state equals B5's and
-its transitions sit at T − τ + 1), the validity gate on B0, and the tests of each operator
-against B5 (exact McNemar with BH over the suite's operators; Wilcoxon signed-rank). The results
-are typed: `SuiteMetrics` per suite, and `SuiteScores` (`suite_scores`), the stage's scores.json.
+savings of B7 against B5 and B5' (tokens and transitions) and their bound, the exactness of B7
+(its final state equals B5's and its transitions sit at T − τ + 1), the validity gate on B0,
+the tests of each operator against B5 (exact McNemar with BH over the suite's operators;
+Wilcoxon signed-rank) and the smallest p those tests can reach with the suite's sessions
+(docs/replay.md, "Reach of the tests" in "Metrics"). The results are typed: `SuiteMetrics` per
+suite, and `SuiteScores` (`suite_scores`), the stage's scores.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rapidfuzz.distance import Levenshtein
 from scipy.stats import wilcoxon
 
 from kbench.observer.matcher import match
+from kbench.observer.power import smallest_p, smallest_p_adjusted
 from kbench.observer.statistics import benjamini_hochberg, mcnemar_p
 from kbench.replay.records import (
     FULL_RESET,
@@ -41,6 +44,10 @@ from kbench.versioned import VersionedRecord
 VALIDITY_FLOOR = 0.10
 #: The field the matcher is given when z is not a corpus field value (z itself is looked for).
 PLAIN_FIELD = "value"
+#: The full reset reusing cached prompt prefixes: B7's savings are read against it as well as against B5.
+CACHED_RESET = "B5'"
+#: The level below which a test's p_adj reads as significant (K-Bench's default `scoring.significance`).
+SIGNIFICANCE = 0.05
 #: The per-operator metrics, in the order the tables show them.
 METRICS = ("exact", "action", "any", "cad", "leak_at_probes", "transitions", "recomputed_tokens")
 
@@ -263,6 +270,13 @@ class SuiteMetrics(_Scores):
     kept_probes: list[str]
     #: B5's recomputed tokens over B7's; null without B7 (or when B7 recomputed none).
     savings: float | None
+    #: B5′'s recomputed tokens over B7's on the sessions both ran; below 1 when B7 costs more; null
+    #: without B5' or B7 (or when B7 recomputed none).
+    savings_vs_b5_prime: float | None
+    #: B5's transitions over B7's; null without B7 (or when B7 ran none).
+    transition_savings: float | None
+    #: B5′'s transitions over B7's on the sessions both ran; null without B5' or B7 (or when B7 ran none).
+    transition_savings_vs_b5_prime: float | None
     #: T over T - tau + 1, summed over B7's sessions; null without B7.
     bound: float | None
     #: B7's final state against B5's; null without B7.
@@ -273,6 +287,15 @@ class SuiteMetrics(_Scores):
     b1_equals_b0: StateAgreement | None
     #: Each operator's tests against B5; null when the suite is not valid.
     tests: dict[str, OperatorTests] | None
+    #: The smallest exact McNemar p against B5 with the suite's sessions (every session discordant,
+    #: all one way); null when no operator besides B5 ran.
+    min_p: float | None
+    #: The smallest p_adj an operator reaches when it alone differs from B5, on every session: BH
+    #: over the suite's tested operators, the others at p = 1; null when no operator besides B5 ran.
+    min_p_adj: float | None
+    #: The fewest sessions whose `min_p_adj` falls below SIGNIFICANCE with as many tested
+    #: operators; null when no operator besides B5 ran.
+    sessions_needed: int | None
 
 
 class CheckpointCosts(_Scores):
@@ -309,8 +332,10 @@ class SuiteScores(SuiteMetrics, VersionedRecord):
 
 
 #: The metrics of a suite in which no session took z in: reported, never scored.
-NOT_ENTERED = SuiteMetrics(valid=False, sessions=0, operators={}, kept_probes=[], savings=None, bound=None,
-                           b7_equals_b5=None, b7_transitions_at_bound=None, b1_equals_b0=None, tests=None)
+NOT_ENTERED = SuiteMetrics(valid=False, sessions=0, operators={}, kept_probes=[], savings=None,
+                           savings_vs_b5_prime=None, transition_savings=None, transition_savings_vs_b5_prime=None,
+                           bound=None, b7_equals_b5=None, b7_transitions_at_bound=None, b1_equals_b0=None,
+                           tests=None, min_p=None, min_p_adj=None, sessions_needed=None)
 
 
 def suite_scores(records: Sequence[SessionRecord], label: str, *, not_entered: Sequence[str],
@@ -364,25 +389,47 @@ def score_suite(records: Sequence[SessionRecord]) -> SuiteMetrics:
         "kept_probes": list(kept),
         **_cost_and_exactness(by_operator, reset),
         "tests": _tests(scored, sessions) if valid else None,
+        **reach(len(sessions), sum(o != FULL_RESET for o in operators)),
     })
+
+
+def _lone_p_adj(sessions: int, tested: int) -> float:
+    """The p_adj of the one test of a BH family of `tested` that has every one of `sessions` pairs
+    discordant all one way, the others at p = 1 (`smallest_p` of no pair)."""
+    return smallest_p_adjusted({i: sessions if i == 0 else 0 for i in range(tested)})[0]
+
+
+def reach(sessions: int, tested: int, significance: float = SIGNIFICANCE) -> dict[str, Any]:
+    """What the suite's McNemar tests against B5 can reach with `sessions` sessions and `tested`
+    operators besides B5: `min_p`, `min_p_adj` and `sessions_needed` (all None when `tested` is 0)."""
+    if tested < 1:
+        return {"min_p": None, "min_p_adj": None, "sessions_needed": None}
+    needed = 1
+    while _lone_p_adj(needed, tested) >= significance:
+        needed += 1
+    return {"min_p": smallest_p(sessions), "min_p_adj": _lone_p_adj(sessions, tested), "sessions_needed": needed}
 
 
 def _cost_and_exactness(by_operator: dict[str, dict[str, SessionRecord]],
                         reset: dict[str, SessionRecord]) -> dict[str, Any]:
-    """B7 against B5: savings in recomputed tokens, their bound in transitions, exactness."""
+    """B7 against B5 and B5': savings in recomputed tokens and transitions, their bound in
+    transitions, exactness."""
     replay = by_operator.get(SELECTIVE_REPLAY)
     deleted, kept = by_operator.get(MEMORY_DELETE), by_operator.get(NO_FORGET)
     b1 = None if not (deleted and kept) else {
         "equal": sum(deleted[s].final_state_sha256 == kept[s].final_state_sha256 for s in deleted if s in kept),
         "sessions": len(set(deleted) & set(kept))}
     if not replay:
-        return {"savings": None, "bound": None, "b7_equals_b5": None, "b7_transitions_at_bound": None,
-                "b1_equals_b0": b1}
+        return {"savings": None, "savings_vs_b5_prime": None, "transition_savings": None,
+                "transition_savings_vs_b5_prime": None, "bound": None, "b7_equals_b5": None,
+                "b7_transitions_at_bound": None, "b1_equals_b0": b1}
     shared = sorted(replay)
-    b7_tokens = sum(replay[s].recomputed_tokens for s in shared)
-    b5_tokens = sum(reset[s].recomputed_tokens for s in shared)
+    cached = by_operator.get(CACHED_RESET) or {}
     return {
-        "savings": b5_tokens / b7_tokens if b7_tokens else None,
+        "savings": _ratio(reset, replay, shared, "recomputed_tokens"),
+        "savings_vs_b5_prime": _ratio(cached, replay, [s for s in shared if s in cached], "recomputed_tokens"),
+        "transition_savings": _ratio(reset, replay, shared, "transitions"),
+        "transition_savings_vs_b5_prime": _ratio(cached, replay, [s for s in shared if s in cached], "transitions"),
         "bound": sum(r.T for r in replay.values()) / sum(r.T - r.tau + 1 for r in replay.values()),
         "b7_equals_b5": {"equal": sum(replay[s].final_state_sha256 == reset[s].final_state_sha256 for s in shared),
                          "sessions": len(shared)},
@@ -390,6 +437,13 @@ def _cost_and_exactness(by_operator: dict[str, dict[str, SessionRecord]],
                                     "sessions": len(shared)},
         "b1_equals_b0": b1,
     }
+
+
+def _ratio(reference: Mapping[str, SessionRecord], replay: Mapping[str, SessionRecord], sessions: Sequence[str],
+           cost: str) -> float | None:
+    """The reference's `cost` over B7's, each summed over `sessions` (None: no session, or B7's sum is 0)."""
+    mine = sum(getattr(replay[s], cost) for s in sessions)
+    return sum(getattr(reference[s], cost) for s in sessions) / mine if sessions and mine else None
 
 
 def _tests(scored: dict[str, dict[str, SessionScores]], sessions: Sequence[str]) -> dict[str, Any]:
