@@ -314,7 +314,12 @@ def test_memory_score_json_shape(capsys, tmp_path):
     assert set(scores["ci"]) == set(METRICS) and scores["ci"]["RA"] == [1.0, 1.0]
     assert scores["n"]["FE"] == 4 and scores["n"]["Score"] == 2 and scores["n"]["RPR"] == 4
     assert set(scores["fe_by_request_type"]) == set(REQUEST_TYPES)
-    assert scores["fe_by_request_type"]["F6"] == {"value": 1.0, "ci": [1.0, 1.0], "n": 2}
+    assert scores["fe_by_request_type"]["F6"] == {"value": 1.0, "ci": [1.0, 1.0], "n": 2, "n_instances": 2}
+    assert scores["ra_by_request_type"]["F1"] == {"value": 1.0, "ci": [1.0, 1.0], "n": 2, "n_instances": 2}
+    assert scores["rla_by_request_type"]["F6"] == {"value": None, "ci": None, "n": 0, "n_instances": 0}
+    assert scores["ar_by_request_type"]["F1"]["n"] == 2 and scores["n_instances"]["RA"] == 2
+    # No `reference` among the files: the gate cannot say, and says so.
+    assert scores["valid"] is None and "no `reference` system among the scored ones" in scores["validity_reason"]
     assert set(scores["ar_by_attack"]) == set(ATTACKS) and scores["ar_by_attack"]["completion"]["n"] == 2
     assert set(scores["by_tier"]) == {"short", "long"} and scores["by_tier"]["long"]["Score"] == 1.0
     assert scores["bootstrap"] == {"level": 0.95, "resamples": 50, "seed": 0}

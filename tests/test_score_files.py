@@ -18,7 +18,7 @@ from kbench import io
 from kbench.comparison.analysis import compare
 from kbench.comparison.collect import OutOfDesign
 from kbench.comparison.report import ComparisonRecord, Provenance, comparison_record
-from kbench.memory.residue import residue_rates
+from kbench.memory.residue import residue_rates, stores_nothing
 from kbench.memory.scoring import MemoryScores, memory_scores
 from kbench.replay.scoring import SuiteScores, checkpoint_costs, suite_scores
 from kbench.versioned import SCHEMA_VERSION, VersionedFileError, VersionedRecord, read_versioned
@@ -53,7 +53,7 @@ def no_session_entered() -> SuiteScores:
 def system_scores() -> MemoryScores:
     items = records(*instance_records("i1", "short"), *instance_records("i2", "long"))
     return memory_scores(items, "sys", failures=3, residue=residue_rates(items, MEMORY_MEMORIES),
-                         channels=MEMORY_CHANNELS, resamples=50)
+                         stores_nothing=stores_nothing(items, MEMORY_MEMORIES), channels=MEMORY_CHANNELS, resamples=50)
 
 
 def comparison() -> ComparisonRecord:

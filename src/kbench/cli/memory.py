@@ -15,7 +15,15 @@ from kbench.backends.openai import OpenAIBackend
 from kbench.config import ModelConfig
 from kbench.memory.judge import agreement, judge_items, sample_items
 from kbench.memory.records import read_items
-from kbench.memory.scoring import DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, Estimate, SystemScores, score_items
+from kbench.memory.scoring import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    METRICS,
+    Estimate,
+    SystemScores,
+    design_validity,
+    score_items,
+)
 from kbench.observer.format import fmt_interval, fmt_rate, fmt_with_ci
 
 #: The title of these commands in `kbench --help`.
@@ -24,6 +32,9 @@ GROUP = "memory lane (item files of memory systems, docs/memory.md)"
 
 #: Width of one metric's "value [low, high]" cell in the systems table.
 CELL = 21
+#: The validity gate's verdict in the listing's last line.
+VERDICT: dict[bool | None, str] = {True: "valid", False: "NOT VALID", None: "validity unknown"}
+
 
 
 def _rows(title: str, estimates: dict[str, Estimate], level: float) -> list[str]:
@@ -47,9 +58,14 @@ def scores_table(scores: dict[str, SystemScores]) -> str:
                       f"over instances, B = {b.resamples}, seed = {b.seed}"]
         lines += _rows("metric", s.metrics, b.level)
         lines += _rows("FE by type", s.fe_by_request_type, b.level)
+        lines += _rows("RA by type", s.ra_by_request_type, b.level)
+        lines += _rows("RLA by type", s.rla_by_request_type, b.level)
+        lines += _rows("AR by type", s.ar_by_request_type, b.level)
         lines += _rows("AR by attack", s.ar_by_attack, b.level)
         for tier, metrics in s.by_tier.items():
             lines += _rows(f"tier {tier}", metrics, b.level)
+    verdict = design_validity(scores)
+    lines += ["", f"design: {VERDICT[verdict.valid]}: {verdict.reason}"]
     return "\n".join(lines)
 
 
@@ -59,7 +75,10 @@ def run_score(args: argparse.Namespace) -> None:
         raise ValueError(f"no item records in {', '.join(args.files)}")
     scores = score_items(records, resamples=args.resamples, seed=args.seed)
     if args.json:
-        print(json.dumps({system: s.to_json() for system, s in scores.items()}, indent=2, allow_nan=False))
+        # the design's validity gate (docs/memory.md, "The validity gate") rides in every system's entry
+        verdict = design_validity(scores)
+        print(json.dumps({system: {**s.to_json(), "valid": verdict.valid, "validity_reason": verdict.reason}
+                          for system, s in scores.items()}, indent=2, allow_nan=False))
     else:
         print(scores_table(scores))
 

@@ -220,9 +220,10 @@ def plot_specs(comparison: Comparison) -> dict[str, tuple[pd.DataFrame, Callable
 
 
 def fe_pr_frame(memory: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
-    """The memory lane's systems: forget efficacy and preservation (None: not scored)."""
-    return pd.DataFrame([(system, row["FE"], row["PR"]) for system, row in memory.items()],
-                        columns=["system", "FE", "PR"])
+    """The memory lane's systems: forget efficacy and preservation (None: not scored, or FE of a system
+    that stores nothing, which measures no forgetting: docs/memory.md, "Stores nothing")."""
+    return pd.DataFrame([(system, None if row.get("stores_nothing") else row["FE"], row["PR"])
+                         for system, row in memory.items()], columns=["system", "FE", "PR"])
 
 
 def fe_pr_figure(frame: pd.DataFrame) -> plt.Figure:

@@ -197,9 +197,11 @@ def _by_type(family: str, label: str) -> str:
     return f"{family}:{label}"
 
 
-#: Every statistic estimated: the headline metrics, FE by request type, AR by attack.
+#: Probe families broken down by request type (the paper's Figure 7), in table order.
+BY_TYPE_FAMILIES: tuple[str, ...] = (RETENTION, FORGET_EFFICACY, RELEARNING, ATTACK_RESISTANCE)
+#: Every statistic estimated: the headline metrics, RA, FE, RLA and AR by request type, AR by attack.
 COLUMNS: tuple[str, ...] = (
-    *METRICS, *(_by_type(FORGET_EFFICACY, t) for t in REQUEST_TYPES),
+    *METRICS, *(_by_type(family, t) for family in BY_TYPE_FAMILIES for t in REQUEST_TYPES),
     *(_by_type(ATTACK_RESISTANCE, a) for a in ATTACKS),
 )
 
@@ -213,9 +215,9 @@ def _instance_sums(items: Sequence[Item]) -> tuple[np.ndarray, np.ndarray]:
     numerator, denominator = dict.fromkeys(COLUMNS, 0.0), dict.fromkeys(COLUMNS, 0.0)
     for item in items:
         columns = [item.family]
-        if item.family == FORGET_EFFICACY:
-            columns.append(_by_type(FORGET_EFFICACY, item.request_type))
-        elif item.family == ATTACK_RESISTANCE:
+        if item.family in BY_TYPE_FAMILIES:
+            columns.append(_by_type(item.family, item.request_type))
+        if item.family == ATTACK_RESISTANCE:
             columns.append(_by_type(ATTACK_RESISTANCE, item.attack))
         for column in columns:
             numerator[column] += item.correct
@@ -248,9 +250,11 @@ class Estimate:
     ci: Interval | None
     #: Items for a rate, requests for RPR, instances scored for the Score.
     n: int
+    #: Instances holding at least one of those units: the clusters the interval is drawn from.
+    n_instances: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"value": self.value, "ci": interval_json(self.ci), "n": self.n}
+        return {"value": self.value, "ci": interval_json(self.ci), "n": self.n, "n_instances": self.n_instances}
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,12 @@ class SystemScores:
     metrics: dict[str, Estimate]
     #: FE over each request type's items (every type, n = 0 where absent).
     fe_by_request_type: dict[str, Estimate]
+    #: RA over each request type's items (every type, n = 0 where absent).
+    ra_by_request_type: dict[str, Estimate]
+    #: RLA over each request type's items (every type; F6 has none).
+    rla_by_request_type: dict[str, Estimate]
+    #: AR over each request type's items, every attack together (every type, n = 0 where absent).
+    ar_by_request_type: dict[str, Estimate]
     #: AR over each attack's items (every attack, n = 0 where absent).
     ar_by_attack: dict[str, Estimate]
     #: The headline metrics over each length tier's instances (tiers that the records name).
@@ -288,6 +298,9 @@ class SystemScores:
             **_metrics_json(self.metrics),
             "instances": self.instances,
             "fe_by_request_type": {k: e.to_json() for k, e in self.fe_by_request_type.items()},
+            "ra_by_request_type": {k: e.to_json() for k, e in self.ra_by_request_type.items()},
+            "rla_by_request_type": {k: e.to_json() for k, e in self.rla_by_request_type.items()},
+            "ar_by_request_type": {k: e.to_json() for k, e in self.ar_by_request_type.items()},
             "ar_by_attack": {k: e.to_json() for k, e in self.ar_by_attack.items()},
             "by_tier": {tier: _metrics_json(m) for tier, m in self.by_tier.items()},
             "bootstrap": {"level": self.bootstrap.level, "resamples": self.bootstrap.resamples,
@@ -296,11 +309,13 @@ class SystemScores:
 
 
 def _metrics_json(metrics: dict[str, Estimate]) -> dict[str, Any]:
-    """{RA: value, ..., Score: value, ci: {RA: [lo, hi], ...}, n: {RA: items, ...}}."""
+    """{RA: value, ..., Score: value, ci: {RA: [lo, hi], ...}, n: {RA: items, ...},
+    n_instances: {RA: instances, ...}}."""
     return {
         **{name: e.value for name, e in metrics.items()},
         "ci": {name: interval_json(e.ci) for name, e in metrics.items()},
         "n": {name: e.n for name, e in metrics.items()},
+        "n_instances": {name: e.n_instances for name, e in metrics.items()},
     }
 
 
@@ -322,9 +337,10 @@ def estimate(
     samples = ratio(counts @ numerators, counts @ denominators)
     point = ratio(numerators.sum(axis=0), denominators.sum(axis=0))
     intervals = percentile_interval(samples, level)
+    clusters = (denominators > 0).sum(axis=0)  # the instances each column's interval rests on
     return [
-        Estimate(None if np.isnan(v) else float(v), None if np.isnan(v) else ci, int(d))
-        for v, ci, d in zip(point, intervals, denominators.sum(axis=0))
+        Estimate(None if np.isnan(v) else float(v), None if np.isnan(v) else ci, int(d), int(k))
+        for v, ci, d, k in zip(point, intervals, denominators.sum(axis=0), clusters)
     ]
 
 
@@ -366,6 +382,9 @@ def score_matched(
             instances=len(names),
             metrics={m: every[m] for m in METRICS},
             fe_by_request_type={t: every[_by_type(FORGET_EFFICACY, t)] for t in REQUEST_TYPES},
+            ra_by_request_type={t: every[_by_type(RETENTION, t)] for t in REQUEST_TYPES},
+            rla_by_request_type={t: every[_by_type(RELEARNING, t)] for t in REQUEST_TYPES},
+            ar_by_request_type={t: every[_by_type(ATTACK_RESISTANCE, t)] for t in REQUEST_TYPES},
             ar_by_attack={a: every[_by_type(ATTACK_RESISTANCE, a)] for a in ATTACKS},
             by_tier=by_tier,
             bootstrap=Bootstrap(level, resamples, seed),
@@ -415,6 +434,8 @@ class HeadlineMetrics(_Scores):
     ci: dict[str, list[float] | None]
     #: Items for a rate, requests for RPR, instances scored for the Score.
     n: dict[str, int]
+    #: Per metric, the instances its interval is drawn from (fewer than 3: no usable interval).
+    n_instances: dict[str, int]
 
 
 class EstimateScores(_Scores):
@@ -426,6 +447,8 @@ class EstimateScores(_Scores):
     ci: list[float] | None
     #: The units it averages.
     n: int
+    #: The instances holding those units, which its interval is drawn from.
+    n_instances: int
 
 
 class BootstrapSettings(_Scores):
@@ -463,6 +486,12 @@ class MemoryScores(HeadlineMetrics, VersionedRecord):
     instances: int
     #: FE over each request type's items.
     fe_by_request_type: dict[str, EstimateScores]
+    #: RA over each request type's items.
+    ra_by_request_type: dict[str, EstimateScores]
+    #: RLA over each request type's items (F6 has none).
+    rla_by_request_type: dict[str, EstimateScores]
+    #: AR over each request type's items, every attack together.
+    ar_by_request_type: dict[str, EstimateScores]
     #: AR over each attack's items.
     ar_by_attack: dict[str, EstimateScores]
     #: The headline metrics over each length tier's instances.
@@ -473,19 +502,25 @@ class MemoryScores(HeadlineMetrics, VersionedRecord):
     failures: int
     #: Requested facts the system's own memory still holds after the forget version's dialogue.
     residue: Residue
+    #: True when the system's own memory after the control version's dialogue holds none of the facts
+    #: that dialogue states, so its FE and AR measure no forgetting (docs/memory.md, "Stores nothing");
+    #: null when no instance's memory is known.
+    stores_nothing: bool | None
     #: Per version, `n` and each channel's fraction of probes about a forgotten fact holding it
     #: (`kbench.memory.channels.channel_rates`).
     channels: dict[str, dict[str, float | int | None]]
 
     def mlflow_metrics(self) -> dict[str, float]:
-        """The headline numbers, failures and residue as MLflow metrics, with FE by request type
-        (`FE.F1`) and AR by attack (`AR.direct`)."""
+        """The headline numbers, failures and residue as MLflow metrics, with RA, FE, RLA and AR by
+        request type (`FE.F1`) and AR by attack (`AR.direct`)."""
         data = self.model_dump(mode="json", exclude={"schema_version"})
         metrics = {name: value for name, value in data.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool)}
         if self.residue.rate is not None:
             metrics["residue"] = self.residue.rate
-        metrics |= {f"FE.{t}": e.value for t, e in self.fe_by_request_type.items() if e.value is not None}
+        for family, by_type in (("RA", self.ra_by_request_type), ("FE", self.fe_by_request_type),
+                                ("RLA", self.rla_by_request_type), ("AR", self.ar_by_request_type)):
+            metrics |= {f"{family}.{t}": e.value for t, e in by_type.items() if e.value is not None}
         metrics |= {f"AR.{a}": e.value for a, e in self.ar_by_attack.items() if e.value is not None}
         return metrics
 
@@ -496,6 +531,7 @@ def memory_scores(
     *,
     failures: int,
     residue: Residue,
+    stores_nothing: bool | None,
     channels: Mapping[str, Mapping[str, float | int | None]],
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
@@ -504,4 +540,53 @@ def memory_scores(
     """The scores.json of memory system `system` from its item records."""
     scores = score_items(records, resamples=resamples, seed=seed, level=level)[system]
     return MemoryScores.model_validate({**scores.to_json(), "failures": failures, "residue": residue,
+                                        "stores_nothing": stores_nothing,
                                         "channels": {version: dict(rates) for version, rates in channels.items()}})
+
+
+# -- the validity gate ---------------------------------------------------------------------------
+#: The counterfactual system whose scores decide whether a design is valid on a model.
+REFERENCE_SYSTEM = "reference"
+#: The least RA and PR the reference must reach for the design to be valid (docs/memory.md, "The validity gate").
+VALIDITY_FLOOR = 0.5
+#: Fewer instances than this behind an interval: too few for the cluster bootstrap to show any spread.
+FEW_INSTANCES = 3
+
+
+@dataclass(frozen=True)
+class Validity:
+    """The validity gate's verdict on a design and a model (docs/memory.md, "The validity gate")."""
+
+    #: True: the reference reaches RA and PR of at least VALIDITY_FLOOR; False: it does not; None: no reference scores.
+    valid: bool | None
+    #: Why, in one clause with the reference's figures.
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"valid": self.valid, "reason": self.reason}
+
+
+def _retention_preservation(scores: SystemScores | HeadlineMetrics) -> tuple[float | None, float | None]:
+    """RA and PR of either score record (the scorer's or scores.json's)."""
+    if isinstance(scores, SystemScores):
+        return scores.metrics[RETENTION].value, scores.metrics[PRESERVATION].value
+    return scores.RA, scores.PR
+
+
+def design_validity(scores: Mapping[str, SystemScores | HeadlineMetrics]) -> Validity:
+    """Whether the design is valid on the model the scores come from: the reference system (the dialogue
+    rebuilt without the requested facts) must reach RA and PR of at least VALIDITY_FLOOR, or no system
+    can earn credit for exact forgetting; None when the reference was not scored."""
+    if REFERENCE_SYSTEM not in scores:
+        return Validity(None, f"no `{REFERENCE_SYSTEM}` system among the scored ones, so nothing shows whether "
+                              "exact forgetting can score on this design and model")
+    ra, pr = _retention_preservation(scores[REFERENCE_SYSTEM])
+    if ra is None or pr is None:
+        return Validity(None, f"`{REFERENCE_SYSTEM}` has no {'RA' if ra is None else 'PR'} item, so nothing shows "
+                              "whether exact forgetting can score on this design and model")
+    figures = (f"`{REFERENCE_SYSTEM}` (the dialogue rebuilt without the requested facts) scores RA {ra:.2f} "
+               f"and PR {pr:.2f}")
+    if ra >= VALIDITY_FLOOR and pr >= VALIDITY_FLOOR:
+        return Validity(True, f"{figures}, both at least {VALIDITY_FLOOR:.2f}")
+    return Validity(False, f"{figures}; both must be at least {VALIDITY_FLOOR:.2f}, so no system can earn credit "
+                           "for exact forgetting: the tables stand, and no system is ranked on them")

@@ -29,7 +29,7 @@ from kbench.config import ModelConfig, Params
 from kbench.memory.channels import MemoryTrace, channel_rates
 from kbench.memory.instances import Instance, read_instances
 from kbench.memory.records import ItemRecord, read_items, write_items
-from kbench.memory.residue import residue_rates
+from kbench.memory.residue import residue_rates, stores_nothing
 from kbench.memory.scoring import MemoryScores, memory_scores
 from kbench.memory.systems import InstanceRun, LlmEndpoint, memory_system_class, memory_system_names, run_instance
 from kbench.memory.traces import log_instances
@@ -156,8 +156,9 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
         raise MemoryStageError(f"{system}: instances failed: {'; '.join(failed)}")
     done.write()
     info, records = done.infos(), done.records()
+    memories = {iid: entry["memories"] for iid, entry in info.items()}
     scores = memory_scores(records, system, failures=sum(entry["failures"] for entry in info.values()),
-                           residue=residue_rates(records, {iid: entry["memories"] for iid, entry in info.items()}),
+                           residue=residue_rates(records, memories), stores_nothing=stores_nothing(records, memories),
                            channels=channel_rates(done.traces()), resamples=config.resamples,
                            seed=config.bootstrap_seed, level=config.level)
     io.write_json(out / SCORES_FILE, scores.model_dump(mode="json"))
