@@ -78,8 +78,8 @@ def test_earlier_of_action_and_answer_wins():
     "text", ["Answer: Acme", "final answer - Acme", "final answer: Acme", "**Final Answer:** Acme", "FINAL ANSWER: Acme"]
 )
 def test_only_spec_final_answer_ends_a_step_by_default(text):
-    # SPEC §5: the answer is the text after "Final Answer:"; anything else is neither an action
-    # nor a final answer, so the trajectory halts with parse_error (SPEC §4).
+    # docs/definitions.md §3: the answer is the text after "Final Answer:"; anything else is neither an action
+    # nor a final answer, so the trajectory halts with parse_error (docs/definitions.md §3).
     step = parse_step(text)
     assert step.answer is None and not step.is_valid
     assert parse_step(text, LENIENT_ANSWER_RULE).answer == "Acme"

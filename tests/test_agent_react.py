@@ -52,7 +52,7 @@ def test_final_answer_after_a_tool_call(small_corpus, params, queries):  # noqa:
 
 
 def test_answer_rule_decides_the_halt_and_is_recorded(small_corpus, params, queries):  # noqa: F811
-    # SPEC §5 (the default rule): "Answer:" alone is no final answer, so the trajectory ends in
+    # docs/definitions.md §3 (the default rule): "Answer:" alone is no final answer, so the trajectory ends in
     # parse_error and the reply reaches Z_answer only as the bare reply; lenient reads an answer.
     (spec,) = run(ScriptedBackend(["Answer: Acme"]), small_corpus, params, queries[:1])
     assert (spec.halted_reason, spec.answer, spec.answer_rule) == ("parse_error", None, "spec")

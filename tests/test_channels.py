@@ -1,4 +1,4 @@
-"""SPEC §6: channel texts, the dropped-channel rules and the bare-reply exception."""
+"""docs/definitions.md §4: channel texts, the dropped-channel rules and the bare-reply exception."""
 
 from _traces import trace
 

@@ -258,7 +258,7 @@ def test_four_pairs_cannot_reach_a_k_ref_class_and_the_report_opens_saying_so():
     assert eraser.test_forget.pairs == 4 and eraser.verdict.p_adj == pytest.approx(0.125)
     assert eraser.smallest_p_adj == pytest.approx(0.125)
     assert eraser.reachable == ("K-SUP", "MF", "ambiguous")
-    # A leak that vanished at low power has no channel it moved to: not K-SUP (SPEC §10).
+    # A leak that vanished at low power has no channel it moved to: not K-SUP (docs/definitions.md §8).
     assert eraser.verdict.verdict == "ambiguous"
     line = reach_line(result)
     reachable, _, out = line.partition(" Out of reach")

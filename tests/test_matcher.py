@@ -1,4 +1,4 @@
-"""SPEC §7: canon, every date and address variant, binary match and graded severity."""
+"""docs/definitions.md §5: canon, every date and address variant, binary match and graded severity."""
 
 import sys
 from datetime import date

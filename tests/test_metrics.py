@@ -1,4 +1,4 @@
-"""SPEC §8: CER over non-dropped queries, OR(all), graded OR, budgets, shares, degeneration,
+"""docs/definitions.md §6: CER over non-dropped queries, OR(all), graded OR, budgets, shares, degeneration,
 answer severity and the seeded percentile bootstrap, on hand-computed cells."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""SPEC §5 trace records: streaming reader and the validation errors it must give."""
+"""docs/definitions.md §3 trace records: streaming reader and the validation errors it must give."""
 
 import json
 

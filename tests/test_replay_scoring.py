@@ -1,4 +1,4 @@
-"""The execution-state lane's scorer (SPEC §14) on hand-made session records whose every
+"""The execution-state lane's scorer (docs/replay.md) on hand-made session records whose every
 number is worked out here: leaks, CAD, kept probes, cost, exactness, tests, the validity gate,
 and `kbench replay score` on files, bad ones included."""
 

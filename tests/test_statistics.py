@@ -1,4 +1,4 @@
-"""SPEC §9: paired McNemar, Benjamini–Hochberg families, TV distance, τ, η²."""
+"""docs/definitions.md §7: paired McNemar, Benjamini–Hochberg families, TV distance, τ, η²."""
 
 import pandas as pd
 import pytest

@@ -1,4 +1,4 @@
-"""SPEC §10: both invalid-baseline gates, TC, every K-class, the dominant-channel rule,
+"""docs/definitions.md §8: both invalid-baseline gates, TC, every K-class, the dominant-channel rule,
 selectivity, D1, Δdegen, K-Score and per-budget verdicts, on hand-built cells."""
 
 import math
@@ -105,7 +105,7 @@ def test_k_sup_when_the_leak_migrates_without_a_significant_drop():
 
 
 def test_a_vanished_leak_at_low_power_has_not_migrated():
-    # SPEC §10 revised: OR(all) 1.0 -> 0.0 on 4 pairs (p = p_adj = 2 · ½⁴ = 0.125). The
+    # docs/definitions.md §8 revised: OR(all) 1.0 -> 0.0 on 4 pairs (p = p_adj = 2 · ½⁴ = 0.125). The
     # baseline's leak has a dominant channel, the method cell has none: nothing moved, so not
     # K-SUP; |Δ| = 1 ≥ 0.05 at p_adj > 0.05 without migration is ambiguous.
     result = verdict_of(cell(answer=4), cell(method="m", clean=4))
@@ -188,7 +188,7 @@ def test_dominant_channel_needs_majority_margin_and_ci_lower_bound():
 
 
 def test_one_leaking_query_of_six_has_no_dominant_channel():
-    # SPEC §10 (2026-12-04): a resample that draws none of the one leaking query counts every
+    # docs/definitions.md §8 (2026-12-04): a resample that draws none of the one leaking query counts every
     # share as 0; about a third of them do ((5/6)^6), so share's CI lower bound is 0, not 1.
     metrics = _metrics(answer=1, clean=5)
     assert metrics.shares["Z_answer"] == 1.0
