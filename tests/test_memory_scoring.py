@@ -1,4 +1,4 @@
-"""The memory lane's scorer (SPEC §15) on hand-built item records: each item rule, RPR, the Score,
+"""The memory lane's scorer (docs/memory.md) on hand-built item records: each item rule, RPR, the Score,
 the cluster bootstrap over instances, the `kbench memory score` contract and its bad input."""
 
 from __future__ import annotations

@@ -140,9 +140,10 @@ def test_the_reference_forgets_what_was_asked_and_keeps_the_rest(small_corpus): 
     assert scores["reference"].metrics["FE"].value > full["full-context"].metrics["FE"].value
 
 
-def test_mem0_without_an_endpoint_is_one_clear_error():
-    with pytest.raises(MemorySystemError, match="mem0 needs an OpenAI-compatible endpoint"):
-        memory_system_class("mem0")(EchoBackend())
+@pytest.mark.parametrize("name", ["mem0", "mem0-app"])
+def test_mem0_without_an_endpoint_is_one_clear_error(name):
+    with pytest.raises(MemorySystemError, match=f"memory system {name} needs an OpenAI-compatible endpoint"):
+        memory_system_class(name)(EchoBackend())
 
 
 class JudgeBackend(Backend):

@@ -69,7 +69,8 @@ def test_the_server_answers_json_objects_on_loopback(served):
 @pytest.mark.slow
 def test_mem0_runs_an_instance_through_the_server(served, tiny_smol, small_corpus):  # noqa: F811
     """The plumbing: Mem0's requests reach the server and come back (random weights: each extraction
-    is counted as failed, not raised); the default run's memory lane runs mem0 on SmolLM2 itself."""
+    is counted as failed, not raised); the default run's memory lane runs mem0 on SmolLM2 itself.
+    What Mem0 then holds, added and deleted, is tests/test_mem0_forget.py's (a scripted model)."""
     from kbench.backends import build_backend
     from kbench.config import ModelConfig
     from kbench.memory import make_instances

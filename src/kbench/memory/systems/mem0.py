@@ -61,19 +61,27 @@ def _date_extraction_by_session() -> None:
     mem0_main.generate_additive_extraction_prompt = dated
 
 
-def _extracted(reply: str) -> bool:
-    """Whether Mem0's own parser reads `reply` as a JSON object (its extraction succeeded)."""
+def json_object(reply: str) -> dict | None:
+    """The JSON object Mem0's own parser reads in `reply` (the whole text, else its first `{`…`}`
+    span), or None."""
     from mem0.memory.utils import extract_json, remove_code_blocks
 
     text = remove_code_blocks(reply or "")
-    if not text.strip():
-        return True  # an empty reply is Mem0's "nothing to extract"
     for candidate in (text, extract_json(text)):
         try:
-            return isinstance(json.loads(candidate, strict=False), dict)
+            value = json.loads(candidate, strict=False)
         except json.JSONDecodeError:
             continue
-    return False
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _extracted(reply: str) -> bool:
+    """Whether Mem0's own parser reads `reply` as a JSON object (its extraction succeeded)."""
+    from mem0.memory.utils import remove_code_blocks
+
+    # an empty reply is Mem0's "nothing to extract"
+    return not remove_code_blocks(reply or "").strip() or json_object(reply) is not None
 
 
 @register_memory_system("mem0")
@@ -83,7 +91,7 @@ class Mem0(MemorySystem):
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
         if self.endpoint is None:
-            raise MemorySystemError("memory system mem0 needs an OpenAI-compatible endpoint "
+            raise MemorySystemError(f"memory system {self.name} needs an OpenAI-compatible endpoint "
                                     "(memory.llm_base_url, or the llama.cpp server the stage starts)")
         self.scratch = tempfile.TemporaryDirectory(prefix="kbench-mem0-")
         os.environ.setdefault("MEM0_TELEMETRY", "False")  # no events leave the machine
@@ -91,7 +99,7 @@ class Mem0(MemorySystem):
         try:
             from mem0 import Memory
         except ImportError:
-            raise MemorySystemError(f"memory system mem0 needs the mem0ai package: {_PACKAGE_HINT}") from None
+            raise MemorySystemError(f"memory system {self.name} needs the mem0ai package: {_PACKAGE_HINT}") from None
         _date_extraction_by_session()
         self.store = Memory.from_config({
             "llm": {"provider": OpenAIBackend.name, "config": {  # Mem0's client of the same API
@@ -105,7 +113,8 @@ class Mem0(MemorySystem):
                 "distance_strategy": "cosine"}},
             "history_db_path": os.path.join(self.scratch.name, "history.db"),
         })
-        respond = self.store.llm.generate_response
+        #: A call of Mem0's LLM client to the endpoint, not counted (`counted` is what Mem0 itself calls).
+        self.llm_call = respond = self.store.llm.generate_response
 
         def counted(*call_args, **call_kwargs):  # noqa: ANN002, ANN003, ANN202
             reply = respond(*call_args, **call_kwargs)
@@ -120,6 +129,10 @@ class Mem0(MemorySystem):
         self.pending.append({"role": turn.role, "content": turn.content})
 
     def end_session(self, day: str) -> None:
+        self.add_pending(day)
+
+    def add_pending(self, day: str) -> None:
+        """Hand the turns taken in since the last add to `Memory.add`, as one conversation of `day`."""
         from mem0.exceptions import LLMError
 
         if self.pending:
