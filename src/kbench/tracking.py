@@ -266,6 +266,11 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
     output of another base model (its manifest's tag; synced from that model's own folders) is
     logged without `params`, which are not the ones it was made under.
     """
+    return _log_output(params, folder, artifact_path)[0]
+
+
+def _log_output(params: Params, folder: Path, artifact_path: str = "output") -> tuple[str, bool]:
+    """`log_output`, and whether its run is new (no run held this output before)."""
     import mlflow
 
     manifest = json.loads((folder / RUN_MANIFEST).read_text())
@@ -273,7 +278,7 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
     experiment_id = open_experiment(params)
     existing = find_run_id(experiment_id, manifest["kind"], manifest["key"], digest)
     if existing:
-        return existing
+        return existing, False
     tags = {**manifest["tags"], TAG_OUTPUT_HASH: digest}
     own = manifest["tags"].get(TAG_BASE_MODEL, params.base_model) == params.base_model
     with start_run(params, manifest["kind"], manifest["key"], tags=tags, log_params=own) as run:
@@ -294,7 +299,7 @@ def log_output(params: Params, folder: Path, *, artifact_path: str = "output") -
         if traces.exists() and (names is None or TRAJECTORIES_FILE in names):
             log_trajectories(iter_traces(traces), run.info.run_id, rule=params.scoring.rule,
                              names=corpus_names(repo_root() / CORPUS_DIR))
-        return run.info.run_id
+        return run.info.run_id, True
 
 
 def record_output(
@@ -307,9 +312,8 @@ def record_output(
     write_manifest(folder, kind, key, tags, metrics, artifacts, curves)
     if not track:
         return None
-    logged = find_run_id(open_experiment(params), kind, key, io.folder_hash(folder)) if on_new_run else None
-    run_id = log_output(params, folder)
-    if on_new_run is not None and logged is None:
+    run_id, new = _log_output(params, folder)
+    if on_new_run is not None and new:
         on_new_run(run_id)
     return run_id
 

@@ -38,7 +38,7 @@ from kbench.parametric.agent_base import agent_model_config
 from kbench.serving import check_endpoint
 from kbench.stages import option, track_option
 from kbench.stages.inputs import shaping
-from kbench.stages.unit import PartFiles, Parts, open_unit, record_unit, worker_backend
+from kbench.stages.unit import PartFiles, Parts, open_unit, worker_backend
 from kbench.workers import run_items
 
 log = logging.getLogger(__name__)
@@ -162,9 +162,9 @@ def run_system(params: Params, system: str, instances: list[Instance], *, track:
                            channels=channel_rates(done.traces()), resamples=config.resamples,
                            seed=config.bootstrap_seed, level=config.level)
     io.write_json(out / SCORES_FILE, scores.model_dump(mode="json"))
-    record_unit(params, out, KIND_MEMORY, system, tags={tracking.TAG_BASE_MODEL: params.base_model},
-                metrics=scores.mlflow_metrics(), artifacts=[ITEMS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE], track=track,
-                on_new_run=lambda run_id: log_instances(instances, records, info, run_id))  # its instances as traces
+    tracking.record_output(params, out, KIND_MEMORY, system, tags={tracking.TAG_BASE_MODEL: params.base_model},
+                           metrics=scores.mlflow_metrics(), artifacts=[ITEMS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE],
+                           track=track, on_new_run=lambda run_id: log_instances(instances, records, info, run_id))
     return scores
 
 

@@ -33,7 +33,7 @@ from kbench.replay.traces import log_sessions
 from kbench.stages import option, track_option
 from kbench.stages.corpus import corpus_option
 from kbench.stages.inputs import shaping
-from kbench.stages.unit import PartFiles, Parts, open_unit, record_unit, worker_backend, worker_corpus
+from kbench.stages.unit import PartFiles, Parts, open_unit, worker_backend, worker_corpus
 from kbench.workers import run_items
 
 log = logging.getLogger(__name__)
@@ -162,10 +162,10 @@ def run_suite(params: Params, corpus: Corpus, corpus_dir: Path, suite: str, *, t
     scores = suite_scores(records, label, not_entered=missing, channels=channel_rates(traces),
                           checkpoints=checkpoint_costs(config.checkpoints, [i for i in info.values() if i["entered"]]))
     io.write_json(out / SCORES_FILE, scores.model_dump(mode="json"))
-    record_unit(params, out, KIND_REPLAY, label, tags={tracking.TAG_BASE_MODEL: params.base_model},
-                metrics=scores.mlflow_metrics(),
-                artifacts=[SESSIONS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE], track=track,
-                on_new_run=lambda run_id: log_sessions(records, run_id))  # a new run: its sessions as traces
+    tracking.record_output(params, out, KIND_REPLAY, label, tags={tracking.TAG_BASE_MODEL: params.base_model},
+                           metrics=scores.mlflow_metrics(),
+                           artifacts=[SESSIONS_FILE, SCORES_FILE, INFO_FILE, TRACES_FILE], track=track,
+                           on_new_run=lambda run_id: log_sessions(records, run_id))  # a new run: its sessions as traces
     return scores
 
 

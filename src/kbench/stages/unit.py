@@ -6,8 +6,8 @@ before any work: the same inputs keep what the folder holds; a foreign digest, o
 A unit made of parts (a suite's sessions, a system's instances) keeps each finished part in
 `Parts`, which rewrites the part files atomically, in plan order, as each part finishes, so a
 killed stage loses only the parts in flight. `worker_backend` and `worker_corpus` are a pool
-worker's model and corpus, loaded once per process. `record_unit` ends a unit: its manifest and,
-with tracking, its MLflow run through `tracking.record_output`.
+worker's model and corpus, loaded once per process. A unit ends with `tracking.record_output`: its
+manifest and, with tracking, its MLflow run (`on_new_run` logs a lane's sessions or instances as traces).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kbench import io, tracking
+from kbench import io
 from kbench.backends import Backend, build_backend
-from kbench.config import ModelConfig, Params
+from kbench.config import ModelConfig
 from kbench.corpus import Corpus, load_corpus
 
 log = logging.getLogger(__name__)
@@ -183,14 +183,5 @@ def worker_corpus(folder: Path) -> Corpus:
     return load_corpus(folder)
 
 
-def record_unit(params: Params, folder: Path, kind: str, key: str, *, tags: Mapping[str, str],
-                metrics: Mapping[str, float], artifacts: list[str] | None = None, track: bool = True,
-                on_new_run: Callable[[str], None] | None = None) -> str | None:
-    """A finished unit: its manifest and, with `track`, its MLflow run (`tracking.record_output`);
-    `on_new_run(run_id)` runs when that run is new (a lane logs its sessions or instances as traces)."""
-    return tracking.record_output(params, folder, kind, key, tags=tags, metrics=metrics, artifacts=artifacts,
-                                  track=track, on_new_run=on_new_run)
-
-
-__all__ = ["INPUTS_FILE", "PartFiles", "Parts", "open_unit", "read_inputs", "record_unit",
+__all__ = ["INPUTS_FILE", "PartFiles", "Parts", "open_unit", "read_inputs",
            "worker_backend", "worker_corpus"]
